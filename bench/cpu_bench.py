@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""CPU benchmark for the foundation targets: prints tables of ratios measured in one run.
+
+  python3 bench/cpu_bench.py quality [--chunks 20]        # PPL, mean KLD vs f16, KV MiB (Gemma 3 270M, botchan, c=512)
+  python3 bench/cpu_bench.py speed [--threads 1] [--reps 3] # llama-bench pp512/tg64 and tg/pp at depth 4096, ratio to f16
+
+Speed runs interleave the cache types type by type, `--rounds` times, and report the median of
+each, so that drift of a shared machine hits every type alike.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pyturbo import data  # noqa: E402
+from pyturbo.llamacpp import perplexity, run_tool  # noqa: E402
+from pyturbo.types import cache_type  # noqa: E402
+
+QUALITY_TYPES = ["f16", "q8_0", "q4_0", "turboq8", "turboq4", "turboq3", "turboq2"]
+SPEED_TYPES = ["f16", "q4_0", "turboq3", "turboq4"]
+
+
+def quality(args: argparse.Namespace) -> None:
+    model, text = data.default_model(), data.corpus()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "f16.kld"
+        rows = []
+        for t in args.types:
+            r = perplexity(model, text, t, t, ctx=512, chunks=args.chunks, threads=args.threads,
+                           kld_base=base, write_base=(t == "f16"))
+            rows.append((t, r))
+            print(f"# {t}: PPL {r.ppl:.4f} KLD {r.kld} KV {r.kv_mib:.2f} MiB", file=sys.stderr, flush=True)
+    f16_kv = rows[0][1].kv_mib
+    print(f"\nGemma 3 270M Q4_K_M, botchan.txt, c=512, {args.chunks} chunks, -fa on, K and V of the same type\n")
+    print("| K/V | bpw | PPL | mean KLD vs f16 | same top token | KV MiB | KV vs f16 |")
+    print("|---|---|---|---|---|---|---|")
+    for t, r in rows:
+        kld = "0" if t == "f16" else f"{r.kld:.5f} ± {r.kld_err:.5f}"
+        top = "100%" if t == "f16" else f"{r.same_top:.1f}%"
+        print(f"| {t} | {cache_type(t).bpw:.3f} | {r.ppl:.3f} | {kld} | {top} | {r.kv_mib:.2f} | {r.kv_mib / f16_kv:.4f} |")
+
+
+def bench_once(model: Path, t: str, threads: int, reps: int, extra: list[str]) -> dict[str, float]:
+    r = run_tool("llama-bench", "-m", str(model), "-fa", "1", "-t", str(threads), "-r", str(reps),
+                 "-ctk", t, "-ctv", t, "-o", "csv", *extra)
+    out = {}
+    for row in csv.DictReader(io.StringIO(r.stdout)):
+        key = f"pp{row['n_prompt']}" if int(row["n_prompt"]) else f"tg{row['n_gen']}"
+        depth = int(row.get("n_depth") or 0)
+        if depth:
+            key += f"@d{depth}"
+        out[key] = float(row["avg_ts"])
+    return out
+
+
+def speed(args: argparse.Namespace) -> None:
+    model = data.default_model()
+    configs = [["-p", "512", "-n", "64"], ["-p", "512", "-n", "32", "-d", str(args.depth)]]
+    samples: dict[str, dict[str, list[float]]] = {t: {} for t in args.types}
+    for rnd in range(args.rounds):
+        for cfg in configs:
+            for t in args.types:
+                for k, v in bench_once(model, t, args.threads, args.reps, cfg).items():
+                    samples[t].setdefault(k, []).append(v)
+                    print(f"# round {rnd} {t} {k}: {v:.2f} t/s", file=sys.stderr, flush=True)
+    keys = list(samples[args.types[0]])
+    med = {t: {k: statistics.median(v) for k, v in s.items()} for t, s in samples.items()}
+    print(f"\nGemma 3 270M, llama-bench -fa 1 -t {args.threads} -r {args.reps}, median of {args.rounds} interleaved rounds\n")
+    print("| K/V | " + " | ".join(f"{k} t/s" for k in keys) + " | " + " | ".join(f"{k} vs f16" for k in keys) + " |")
+    print("|---|" + "---|" * (2 * len(keys)))
+    for t in args.types:
+        vals = " | ".join(f"{med[t][k]:.2f}" for k in keys)
+        ratios = " | ".join(f"{med[t][k] / med['f16'][k]:.3f}" for k in keys)
+        print(f"| {t} | {vals} | {ratios} |")
+    if "q4_0" in med:
+        print()
+        for t in args.types:
+            if t.startswith("turboq"):
+                print(f"{t} vs q4_0: " + ", ".join(f"{k} {med[t][k] / med['q4_0'][k]:.3f}" for k in keys))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    q = sub.add_parser("quality")
+    q.add_argument("--chunks", type=int, default=20)
+    q.add_argument("--threads", type=int, default=2)
+    q.add_argument("--types", nargs="+", default=QUALITY_TYPES)
+    q.set_defaults(func=quality)
+    s = sub.add_parser("speed")
+    s.add_argument("--threads", type=int, default=1)
+    s.add_argument("--reps", type=int, default=2)
+    s.add_argument("--rounds", type=int, default=2)
+    s.add_argument("--depth", type=int, default=4096)
+    s.add_argument("--types", nargs="+", default=SPEED_TYPES)
+    s.set_defaults(func=speed)
+    args = ap.parse_args()
+    if args.what == "quality" and args.types[0] != "f16":
+        args.types = ["f16", *[t for t in args.types if t != "f16"]]
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

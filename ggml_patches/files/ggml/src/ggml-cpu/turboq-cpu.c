@@ -1,0 +1,201 @@
+// CPU kernels for the TurboQuant KV-cache types (pyturbo); see turboq-cpu.h.
+
+#define GGML_COMMON_DECL_C
+#include "ggml-common.h"
+
+#include "turboq-cpu.h"
+#include "ggml-cpu-impl.h"
+#include "simd-mappings.h"
+#include "../ggml-turboq.h"
+#include "../ggml-turboq-tables.h"
+#include "../ggml-impl.h"
+
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TURBOQ_AVX2 1
+#endif
+
+// ---- rotated-domain block decode: out[i] = centroid[idx_i], returns the block norm ----
+
+#ifdef TURBOQ_AVX2
+static inline __m256i turboq_bytes8(const uint8_t * p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) p));
+}
+
+static float turboq2_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq2_0 * b = (const block_turboq2_0 *) vb;
+    const __m256 lut = _mm256_setr_ps(turboq2_centroids[0], turboq2_centroids[1], turboq2_centroids[2], turboq2_centroids[3],
+                                      turboq2_centroids[0], turboq2_centroids[1], turboq2_centroids[2], turboq2_centroids[3]);
+    const __m256i three = _mm256_set1_epi32(3);
+    for (int j = 0; j < 4; ++j) {
+        const __m256i q = turboq_bytes8(b->qs + 8*j);
+        for (int k = 0; k < 4; ++k) {
+            const __m256i ik = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_set1_epi32(2*k)), three);
+            _mm256_storeu_ps(out + 32*k + 8*j, _mm256_permutevar8x32_ps(lut, ik));
+        }
+    }
+    return GGML_CPU_FP16_TO_FP32(b->norm);
+}
+
+static float turboq3_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq3_0 * b = (const block_turboq3_0 *) vb;
+    const __m256 lut = _mm256_loadu_ps(turboq3_centroids);
+    const __m256i three = _mm256_set1_epi32(3);
+    const __m256i one   = _mm256_set1_epi32(1);
+    const __m256i h0 = turboq_bytes8(b->qh);
+    const __m256i h1 = turboq_bytes8(b->qh + 8);
+    for (int j = 0; j < 4; ++j) {
+        const __m256i q = turboq_bytes8(b->qs + 8*j);
+        const __m256i h = (j & 1) ? h1 : h0;
+        for (int k = 0; k < 4; ++k) {
+            // value 32k + 8j + l: low bits at qs[8j+l] >> 2k, high bit at qh[8(j%2)+l] bit 2k + j/2
+            const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_set1_epi32(2*k)), three);
+            const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(h, _mm256_set1_epi32(2*k + j/2)), one);
+            const __m256i idx = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 2));
+            _mm256_storeu_ps(out + 32*k + 8*j, _mm256_permutevar8x32_ps(lut, idx));
+        }
+    }
+    return GGML_CPU_FP16_TO_FP32(b->norm);
+}
+
+static float turboq4_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq4_0 * b = (const block_turboq4_0 *) vb;
+    const __m256 lut_lo = _mm256_loadu_ps(turboq4_centroids);
+    const __m256 lut_hi = _mm256_loadu_ps(turboq4_centroids + 8);
+    const __m256i fifteen = _mm256_set1_epi32(15);
+    for (int j = 0; j < 8; ++j) {
+        const __m256i q = turboq_bytes8(b->qs + 8*j);
+        const __m256i idx[2] = { _mm256_and_si256(q, fifteen), _mm256_srli_epi32(q, 4) };
+        for (int k = 0; k < 2; ++k) {
+            // bit 3 of the index picks the upper half of the table; blendv reads the lane's sign bit
+            const __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(idx[k], 28));
+            const __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut_lo, idx[k]),
+                                              _mm256_permutevar8x32_ps(lut_hi, idx[k]), sel);
+            _mm256_storeu_ps(out + 64*k + 8*j, v);
+        }
+    }
+    return GGML_CPU_FP16_TO_FP32(b->norm);
+}
+
+static float turboq8_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq8_0 * b = (const block_turboq8_0 *) vb;
+    const __m256 step = _mm256_set1_ps(1.0f/127.5f);
+    const __m256 one  = _mm256_set1_ps(1.0f);
+    for (int j = 0; j < 16; ++j) {
+        const __m256 q = _mm256_cvtepi32_ps(turboq_bytes8(b->qs + 8*j));
+        _mm256_storeu_ps(out + 8*j, _mm256_fmsub_ps(q, step, one));
+    }
+    return GGML_CPU_FP16_TO_FP32(b->norm);
+}
+
+static inline float turboq_dot128(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+    for (int i = 0; i < TURBOQ_GROUP; i += 32) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i +  0), _mm256_loadu_ps(b + i +  0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i +  8), _mm256_loadu_ps(b + i +  8), acc1);
+        acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
+        acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+    }
+    const __m256 acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline void turboq_mad128(float * GGML_RESTRICT acc, const float * GGML_RESTRICT x, float w) {
+    const __m256 vw = _mm256_set1_ps(w);
+    for (int i = 0; i < TURBOQ_GROUP; i += 8) {
+        _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), vw, _mm256_loadu_ps(acc + i)));
+    }
+}
+#else
+#define TURBOQ_SCALAR_DECODE(N) \
+    static float turboq##N##_decode(const void * vb, float * GGML_RESTRICT out) { \
+        return ggml_turboq_decode_rotated(GGML_TYPE_TURBOQ##N##_0, vb, out); \
+    }
+TURBOQ_SCALAR_DECODE(2)
+TURBOQ_SCALAR_DECODE(3)
+TURBOQ_SCALAR_DECODE(4)
+TURBOQ_SCALAR_DECODE(8)
+
+static inline float turboq_dot128(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b) {
+    float s[8] = {0};
+    for (int i = 0; i < TURBOQ_GROUP; i += 8) {
+        for (int l = 0; l < 8; ++l) s[l] += a[i + l]*b[i + l];
+    }
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+static inline void turboq_mad128(float * GGML_RESTRICT acc, const float * GGML_RESTRICT x, float w) {
+    for (int i = 0; i < TURBOQ_GROUP; ++i) acc[i] += x[i]*w;
+}
+#endif
+
+// ---- flash attention (rotated domain) ----
+
+void ggml_turboq_fa_rotate_q(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t n) {
+    memcpy(y, x, n*sizeof(float));
+    ggml_turboq_rotate((float *) y, n);
+}
+
+#define TURBOQ_DEFINE_FA_KERNELS(N)                                                                             \
+    static void turboq##N##_fa_kq_dot(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, \
+                                      size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc) {            \
+        GGML_UNUSED(bs); GGML_UNUSED(bx); GGML_UNUSED(by); GGML_UNUSED(nrc);                                    \
+        const block_turboq##N##_0 * x = (const block_turboq##N##_0 *) vx;                                       \
+        const float * q = (const float *) vy;                                                                   \
+        float c[TURBOQ_GROUP];                                                                                  \
+        float sum = 0.0f;                                                                                       \
+        for (int ib = 0; ib < n / TURBOQ_GROUP; ++ib) {                                                         \
+            const float norm = turboq##N##_decode(x + ib, c);                                                   \
+            sum += norm * turboq_dot128(c, q + ib*TURBOQ_GROUP);                                                \
+        }                                                                                                       \
+        *s = sum;                                                                                               \
+    }                                                                                                           \
+    static void turboq##N##_fa_v_mad(int64_t n, float * GGML_RESTRICT acc, const void * GGML_RESTRICT vv, float w) { \
+        const block_turboq##N##_0 * v = (const block_turboq##N##_0 *) vv;                                       \
+        float c[TURBOQ_GROUP];                                                                                  \
+        for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib) {                                                     \
+            const float norm = turboq##N##_decode(v + ib, c);                                                   \
+            turboq_mad128(acc + ib*TURBOQ_GROUP, c, w*norm);                                                    \
+        }                                                                                                       \
+    }                                                                                                           \
+    void ggml_vec_dot_turboq##N##_0_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, \
+                                        size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc) {          \
+        GGML_UNUSED(bs); GGML_UNUSED(bx); GGML_UNUSED(by); GGML_UNUSED(nrc);                                    \
+        const block_turboq##N##_0 * x = (const block_turboq##N##_0 *) vx;                                       \
+        const float * y = (const float *) vy;                                                                   \
+        float tmp[TURBOQ_GROUP];                                                                                \
+        float sum = 0.0f;                                                                                       \
+        for (int ib = 0; ib < n / TURBOQ_GROUP; ++ib) {                                                         \
+            dequantize_row_turboq##N##_0(x + ib, tmp, TURBOQ_GROUP);                                            \
+            sum += turboq_dot128(tmp, y + ib*TURBOQ_GROUP);                                                     \
+        }                                                                                                       \
+        *s = sum;                                                                                               \
+    }
+
+TURBOQ_DEFINE_FA_KERNELS(2)
+TURBOQ_DEFINE_FA_KERNELS(3)
+TURBOQ_DEFINE_FA_KERNELS(4)
+TURBOQ_DEFINE_FA_KERNELS(8)
+
+static const struct {
+    ggml_vec_dot_t         kq_dot;
+    ggml_turboq_fa_v_mad_t v_mad;
+} turboq_fa_kernels[] = {
+    [GGML_TYPE_TURBOQ2_0 - GGML_TYPE_TURBOQ2_0] = { turboq2_fa_kq_dot, turboq2_fa_v_mad },
+    [GGML_TYPE_TURBOQ3_0 - GGML_TYPE_TURBOQ2_0] = { turboq3_fa_kq_dot, turboq3_fa_v_mad },
+    [GGML_TYPE_TURBOQ4_0 - GGML_TYPE_TURBOQ2_0] = { turboq4_fa_kq_dot, turboq4_fa_v_mad },
+    [GGML_TYPE_TURBOQ8_0 - GGML_TYPE_TURBOQ2_0] = { turboq8_fa_kq_dot, turboq8_fa_v_mad },
+};
+
+ggml_vec_dot_t ggml_turboq_fa_kq_dot(enum ggml_type k_type) {
+    return ggml_is_turboq(k_type) ? turboq_fa_kernels[k_type - GGML_TYPE_TURBOQ2_0].kq_dot : NULL;
+}
+
+ggml_turboq_fa_v_mad_t ggml_turboq_fa_v_mad(enum ggml_type v_type) {
+    return ggml_is_turboq(v_type) ? turboq_fa_kernels[v_type - GGML_TYPE_TURBOQ2_0].v_mad : NULL;
+}

@@ -1,0 +1,35 @@
+#pragma once
+
+// CPU kernels for the TurboQuant KV-cache types (pyturbo).
+//
+// Flash attention never leaves the rotated domain: Q is rotated once per row, K.Q is a dot
+// product against the centroid values, V is accumulated as centroids and the accumulator is
+// rotated back once at the end. That costs one 128-point transform per query row instead of
+// one per cached token.
+
+#include "ggml.h"
+#include "ggml-cpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// type_traits_cpu: dot products in the original domain (mul_mat with a turboq src0, F32 src1)
+void ggml_vec_dot_turboq2_0_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
+void ggml_vec_dot_turboq3_0_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
+void ggml_vec_dot_turboq4_0_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
+void ggml_vec_dot_turboq8_0_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
+
+// flash attention, rotated domain
+typedef void (*ggml_turboq_fa_v_mad_t)(int64_t n, float * GGML_RESTRICT acc, const void * GGML_RESTRICT v, float w);
+
+// from_float-shaped: copies Q and rotates it (n a multiple of 128)
+void ggml_turboq_fa_rotate_q(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t n);
+// vec_dot-shaped: K row (x) . rotated Q (y)
+ggml_vec_dot_t         ggml_turboq_fa_kq_dot(enum ggml_type k_type);
+// acc += w * V row, acc in the rotated domain
+ggml_turboq_fa_v_mad_t ggml_turboq_fa_v_mad (enum ggml_type v_type);
+
+#ifdef __cplusplus
+}
+#endif

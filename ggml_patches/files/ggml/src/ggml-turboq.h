@@ -1,0 +1,39 @@
+#pragma once
+
+// TurboQuant KV-cache codec (pyturbo): 128-value groups, randomized Walsh-Hadamard rotation,
+// fixed Lloyd-Max codebooks (turboq2/3/4) or a uniform 256-level grid (turboq8).
+// Block layouts are in ggml-common.h; the algorithm and its exact float order in ggml-turboq.c.
+
+#include "ggml.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+GGML_API void quantize_row_turboq2_0_ref(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+GGML_API void quantize_row_turboq3_0_ref(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+GGML_API void quantize_row_turboq4_0_ref(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+GGML_API void quantize_row_turboq8_0_ref(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+
+// to the original (unrotated) domain
+GGML_API void dequantize_row_turboq2_0(const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t k);
+GGML_API void dequantize_row_turboq3_0(const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t k);
+GGML_API void dequantize_row_turboq4_0(const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t k);
+GGML_API void dequantize_row_turboq8_0(const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t k);
+
+GGML_API size_t quantize_turboq2_0(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
+GGML_API size_t quantize_turboq3_0(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
+GGML_API size_t quantize_turboq4_0(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
+GGML_API size_t quantize_turboq8_0(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
+
+// The rotation y = D2.H.D1.x/sqrt(128) and its inverse, applied to each 128-group of x[0..n).
+// Flash attention works in the rotated domain: q.k = rotate(q).k_rot and sum(w*v) = unrotate(sum(w*v_rot)).
+GGML_API void ggml_turboq_rotate  (float * x, int64_t n);
+GGML_API void ggml_turboq_unrotate(float * x, int64_t n);
+
+// Rotated-domain decode of one block: out[i] = centroid[idx_i] (unscaled); returns the block norm.
+GGML_API float ggml_turboq_decode_rotated(enum ggml_type type, const void * GGML_RESTRICT block, float * GGML_RESTRICT out);
+
+#ifdef __cplusplus
+}
+#endif

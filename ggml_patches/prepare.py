@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Produce the patched llama.cpp source tree that the build compiles.
+
+Steps: fetch the pinned llama-cpp-python sdist with pip (cached), check its sha256,
+extract vendor/llama.cpp, copy ggml_patches/files/ over it, apply the series with
+`git apply`. The result is synced into --dest file by file, so an unchanged file keeps
+its mtime and a rebuild after a patch edit recompiles only what the patch touched.
+"""
+from __future__ import annotations
+
+import argparse
+import filecmp
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FILES_DIR = HERE / "files"
+SERIES = HERE / "series"
+
+UPSTREAM_SDIST = "llama-cpp-python==0.3.36"
+UPSTREAM_SDIST_NAME = "llama_cpp_python-0.3.36.tar.gz"
+UPSTREAM_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+UPSTREAM_COMMIT = "0c1e57098"
+VENDOR_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("PYTURBO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pyturbo")
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_sdist() -> Path:
+    dest = cache_dir() / UPSTREAM_SDIST_NAME
+    if dest.exists() and sha256_of(dest) == UPSTREAM_SDIST_SHA256:
+        return dest
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        "--quiet", UPSTREAM_SDIST, "-d", tmp], check=True)
+        got = Path(tmp) / UPSTREAM_SDIST_NAME
+        digest = sha256_of(got)
+        if digest != UPSTREAM_SDIST_SHA256:
+            sys.exit(f"prepare: {UPSTREAM_SDIST_NAME} sha256 {digest} != pinned {UPSTREAM_SDIST_SHA256}")
+        shutil.copyfile(got, dest)
+    return dest
+
+
+def extract_upstream(sdist: Path, out: Path) -> None:
+    with tarfile.open(sdist) as tar:
+        members = []
+        for m in tar.getmembers():
+            if not m.name.startswith(VENDOR_PREFIX):
+                continue
+            m.name = m.name[len(VENDOR_PREFIX):]
+            # the sdist keeps llama.cpp's submodule gitlink; it points nowhere here
+            if m.name and m.name != ".git":
+                members.append(m)
+        tar.extractall(out, members=members, filter="data")
+
+
+def series() -> list[Path]:
+    names = [ln.strip() for ln in SERIES.read_text().splitlines()]
+    return [HERE / n for n in names if n and not n.startswith("#")]
+
+
+def new_files() -> list[Path]:
+    return sorted(p.relative_to(FILES_DIR) for p in FILES_DIR.rglob("*") if p.is_file())
+
+
+def apply_series(tree: Path) -> None:
+    for rel in new_files():
+        target = tree / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(FILES_DIR / rel, target)
+    for patch in series():
+        r = subprocess.run(["git", "apply", "--whitespace=nowarn", "-p1", str(patch)],
+                           cwd=tree, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"prepare: patch {patch.name} does not apply to llama.cpp {UPSTREAM_COMMIT}:\n{r.stderr}")
+
+
+def sync_tree(src: Path, dest: Path) -> int:
+    """Mirror src into dest, touching only files whose content differs. Returns the count changed."""
+    changed = 0
+    seen: set[Path] = set()
+    for root, _dirs, files in os.walk(src):
+        rel_root = Path(root).relative_to(src)
+        (dest / rel_root).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            rel = rel_root / name
+            seen.add(rel)
+            s, d = src / rel, dest / rel
+            if d.exists() and filecmp.cmp(s, d, shallow=False):
+                continue
+            shutil.copy2(s, d)
+            changed += 1
+    for root, _dirs, files in os.walk(dest):
+        rel_root = Path(root).relative_to(dest)
+        for name in files:
+            rel = rel_root / name
+            if rel not in seen:
+                (dest / rel).unlink()
+                changed += 1
+    return changed
+
+
+def inputs_digest() -> str:
+    h = hashlib.sha256(UPSTREAM_SDIST_SHA256.encode())
+    for p in sorted([SERIES, *series(), *(FILES_DIR / r for r in new_files())]):
+        h.update(str(p.relative_to(HERE)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dest", required=True, type=Path, help="directory that receives the patched tree")
+    ap.add_argument("--pristine", action="store_true", help="extract upstream only, apply nothing")
+    args = ap.parse_args()
+    dest: Path = args.dest.resolve()
+    stamp = dest.parent / (dest.name + ".stamp")
+    digest = "pristine" if args.pristine else inputs_digest()
+    if stamp.exists() and stamp.read_text() == digest and dest.is_dir():
+        return
+    sdist = fetch_sdist()
+    with tempfile.TemporaryDirectory(dir=dest.parent if dest.parent.exists() else None) as tmp:
+        staging = Path(tmp) / "llama.cpp"
+        extract_upstream(sdist, staging)
+        if not args.pristine:
+            apply_series(staging)
+        dest.mkdir(parents=True, exist_ok=True)
+        n = sync_tree(staging, dest)
+    stamp.write_text(digest)
+    print(f"prepare: llama.cpp {UPSTREAM_COMMIT} + {len(series())} patches -> {dest} ({n} files updated)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""ctypes bindings to the few ggml functions pyturbo calls directly (codec and attention checks)."""
+from __future__ import annotations
+
+import ctypes as C
+from functools import lru_cache
+
+from ._paths import lib_dir
+
+
+class InitParams(C.Structure):
+    _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", C.c_void_p), ("no_alloc", C.c_bool)]
+
+
+class TypeTraits(C.Structure):
+    _fields_ = [("type_name", C.c_char_p), ("blck_size", C.c_int64), ("blck_size_interleave", C.c_int64),
+                ("type_size", C.c_size_t), ("is_quantized", C.c_bool),
+                ("to_float", C.c_void_p), ("from_float_ref", C.c_void_p)]
+
+
+TO_FLOAT = C.CFUNCTYPE(None, C.c_void_p, C.c_void_p, C.c_int64)
+
+
+class Ggml:
+    def __init__(self) -> None:
+        d = lib_dir()
+        mode = C.RTLD_GLOBAL
+        self.base = C.CDLL(str(d / "libggml-base.so"), mode=mode)
+        self.cpu = C.CDLL(str(d / "libggml-cpu.so"), mode=mode)
+        b, cpu = self.base, self.cpu
+        vp, i64 = C.c_void_p, C.c_int64
+        b.ggml_quantize_chunk.restype = C.c_size_t
+        b.ggml_quantize_chunk.argtypes = [C.c_int, vp, vp, i64, i64, i64, vp]
+        b.ggml_get_type_traits.restype = C.POINTER(TypeTraits)
+        b.ggml_get_type_traits.argtypes = [C.c_int]
+        b.ggml_row_size.restype = C.c_size_t
+        b.ggml_row_size.argtypes = [C.c_int, i64]
+        b.ggml_type_name.restype = C.c_char_p
+        b.ggml_type_name.argtypes = [C.c_int]
+        b.ggml_is_turboq.restype = C.c_bool
+        b.ggml_is_turboq.argtypes = [C.c_int]
+        b.ggml_init.restype = vp
+        b.ggml_init.argtypes = [InitParams]
+        b.ggml_free.argtypes = [vp]
+        b.ggml_new_tensor_4d.restype = vp
+        b.ggml_new_tensor_4d.argtypes = [vp, C.c_int, i64, i64, i64, i64]
+        b.ggml_get_data.restype = vp
+        b.ggml_get_data.argtypes = [vp]
+        b.ggml_flash_attn_ext.restype = vp
+        b.ggml_flash_attn_ext.argtypes = [vp, vp, vp, vp, vp, C.c_float, C.c_float, C.c_float]
+        b.ggml_new_graph.restype = vp
+        b.ggml_new_graph.argtypes = [vp]
+        b.ggml_build_forward_expand.argtypes = [vp, vp]
+        b.ggml_nbytes.restype = C.c_size_t
+        b.ggml_nbytes.argtypes = [vp]
+        cpu.ggml_graph_compute_with_ctx.restype = C.c_int
+        cpu.ggml_graph_compute_with_ctx.argtypes = [vp, vp, C.c_int]
+        cpu.ggml_cpu_init.argtypes = []
+        cpu.ggml_cpu_init()
+
+    def traits(self, type_id: int) -> TypeTraits:
+        return self.base.ggml_get_type_traits(type_id).contents
+
+    def to_float(self, type_id: int):
+        ptr = self.traits(type_id).to_float
+        if not ptr:
+            raise ValueError(f"ggml type {type_id} has no to_float")
+        return TO_FLOAT(ptr)
+
+
+@lru_cache(maxsize=1)
+def ggml() -> Ggml:
+    return Ggml()

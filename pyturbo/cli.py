@@ -1,0 +1,78 @@
+"""pyturbo command line: `python -m pyturbo <command>`."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import UPSTREAM_COMMIT, UPSTREAM_SDIST, data
+from ._paths import binary, build_dir, lib_dir
+from .llamacpp import tool_env
+from .types import CACHE_TYPES
+
+LLAMA_TOOLS = ("llama-server", "llama-perplexity", "llama-bench", "llama-cli", "test-backend-ops")
+
+
+def cmd_tool(args: argparse.Namespace) -> None:
+    argv = list(args.args)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if args.default_model:
+        argv = ["-m", str(data.default_model()), *argv]
+    exe = str(binary(args.tool))
+    os.execve(exe, [exe, *argv], tool_env())
+
+
+def cmd_doctor(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    report: dict = {
+        "upstream": {"commit": UPSTREAM_COMMIT, "sdist": UPSTREAM_SDIST},
+        "build_dir": str(build_dir()),
+        "lib_dir": str(lib_dir()),
+        "binaries": {t: str(lib_dir() / t) if (lib_dir() / t).exists() else None for t in LLAMA_TOOLS},
+        "types": [{"name": t.name, "id": t.ggml_id, "block_values": t.block_size, "block_bytes": t.block_bytes,
+                   "bpw": t.bpw} for t in CACHE_TYPES.values()],
+    }
+    ok = True
+    try:
+        from . import codec, reference
+        x = np.random.default_rng(0).standard_normal(256).astype(np.float32)
+        for t in ("turboq2", "turboq3", "turboq4", "turboq8"):
+            same = np.array_equal(codec.quantize(x, t), reference.quantize(x, t))
+            report.setdefault("roundtrip", {})[t] = "ok" if same else "MISMATCH"
+            ok &= same
+    except OSError as e:
+        report["roundtrip"] = f"library not loadable: {e}"
+        ok = False
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"upstream llama.cpp {UPSTREAM_COMMIT} ({UPSTREAM_SDIST})")
+        print(f"libraries: {report['lib_dir']}")
+        for t, p in report["binaries"].items():
+            print(f"  {t:18s} {p or 'MISSING'}")
+        print(f"{'type':8s} {'id':>3s} {'bytes/block':>11s} {'values':>6s} {'bpw':>6s}")
+        for t in report["types"]:
+            print(f"{t['name']:8s} {t['id']:3d} {t['block_bytes']:11d} {t['block_values']:6d} {t['bpw']:6.3f}")
+        print(f"C codec vs NumPy reference: {report['roundtrip']}")
+    if not ok:
+        sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="pyturbo", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    for tool in LLAMA_TOOLS:
+        p = sub.add_parser(tool, help=f"run the patched {tool} (arguments after --)")
+        p.add_argument("--default-model", action="store_true", help="add -m <bundled Gemma 3 270M>")
+        p.add_argument("args", nargs=argparse.REMAINDER)
+        p.set_defaults(func=cmd_tool, tool=tool)
+    p = sub.add_parser("doctor", help="paths, pin, type table and a codec round trip")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)
+    p = sub.add_parser("model-path", help="print the path of the bundled default model (fetching it once)")
+    p.set_defaults(func=lambda a: print(data.default_model()))
+    args = ap.parse_args(argv)
+    args.func(args)

@@ -1,0 +1,197 @@
+"""TurboQuant codebooks and rotation signs: the single source of truth for the C tables.
+
+After a random rotation, one coordinate of a unit vector in R^d (d = 128) has the density
+    f(x) = (1 - x^2)^((d-3)/2) / B(1/2, (d-1)/2),   -1 < x < 1.
+turboq2/3/4 use the Lloyd-Max quantizer of that density with 4/8/16 levels. turboq8 uses a
+uniform 256-level grid scaled per block to the absmax of the rotated group.
+
+The rotation is y = D2 . H . D1 . x / sqrt(d) with H the Sylvester-Hadamard matrix and D1, D2
+diagonal +-1 matrices. The signs come from splitmix64 seeded with SIGN_SEED: bit 0 of outputs
+0..127 gives D1, of outputs 128..255 gives D2 (bit set -> -1).
+
+`python -m pyturbo.codebook --write PATH` writes the header that the patch series carries
+(ggml_patches/files/ggml/src/ggml-turboq-tables.h); a test regenerates it and diffs.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+D = 128
+SIGN_SEED = 0x7475726271  # "turbq" in ASCII
+LLOYD_MAX_BITS = (2, 3, 4)
+GRID8_LEVELS = 256
+
+HEADER_PATH = Path(__file__).resolve().parent.parent / "ggml_patches" / "files" / "ggml" / "src" / "ggml-turboq-tables.h"
+
+
+def splitmix64(seed: int, n: int) -> list[int]:
+    mask = (1 << 64) - 1
+    state = seed & mask
+    out = []
+    for _ in range(n):
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        out.append(z ^ (z >> 31))
+    return out
+
+
+@lru_cache(maxsize=None)
+def rotation_signs() -> tuple[np.ndarray, np.ndarray]:
+    """(D1, D2) as float32 arrays of +-1."""
+    bits = [v & 1 for v in splitmix64(SIGN_SEED, 2 * D)]
+    signs = np.array([-1.0 if b else 1.0 for b in bits], dtype=np.float32)
+    return signs[:D].copy(), signs[D:].copy()
+
+
+def _grid(n: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
+    """Midpoint grid on (-1, 1) with the normalised coordinate density."""
+    x = (np.arange(n, dtype=np.float64) + 0.5) * (2.0 / n) - 1.0
+    logf = (D - 3) / 2.0 * np.log1p(-x * x)
+    w = np.exp(logf - logf.max())
+    w /= w.sum()
+    return x, w
+
+
+@dataclass(frozen=True)
+class LloydMax:
+    bits: int
+    centroids: np.ndarray  # float64, ascending
+    mse: float  # expected squared error of one coordinate
+
+    @property
+    def thresholds(self) -> np.ndarray:
+        return 0.5 * (self.centroids[1:] + self.centroids[:-1])
+
+    @property
+    def vector_mse(self) -> float:
+        """Expected ||u - Q(u)||^2 for a unit vector u (sum over the d coordinates)."""
+        return D * self.mse
+
+
+@lru_cache(maxsize=None)
+def lloyd_max(bits: int, iters: int = 5000) -> LloydMax:
+    x, w = _grid()
+    levels = 1 << bits
+    sigma = 1.0 / np.sqrt(D)
+    # start from Gaussian-quantile placement and iterate the two Lloyd conditions
+    c = sigma * np.linspace(-2.5, 2.5, levels)
+    cw = np.cumsum(w)
+    cwx = np.cumsum(w * x)
+    for _ in range(iters):
+        t = 0.5 * (c[1:] + c[:-1])
+        edges = np.searchsorted(x, t)
+        lo = np.concatenate(([0], edges))
+        hi = np.concatenate((edges, [len(x)]))
+        mass = cw[hi - 1] - np.where(lo > 0, cw[lo - 1], 0.0)
+        first = cwx[hi - 1] - np.where(lo > 0, cwx[lo - 1], 0.0)
+        c_new = first / mass
+        c_new = 0.5 * (c_new - c_new[::-1])  # the density is symmetric; keep the codebook exactly so
+        done = np.max(np.abs(c_new - c)) < 1e-13
+        c = c_new
+        if done:
+            break
+    idx = np.searchsorted(0.5 * (c[1:] + c[:-1]), x)
+    mse = float(np.sum(w * (x - c[idx]) ** 2))
+    return LloydMax(bits, c, mse)
+
+
+def grid8_centroids() -> np.ndarray:
+    i = np.arange(GRID8_LEVELS, dtype=np.float64)
+    return (i - 127.5) / 127.5
+
+
+def grid8_vector_mse() -> float:
+    """Expected ||u - Q(u)||^2 for turboq8 on a unit vector, before the norm correction.
+
+    Step is 2a/255 with a = max_i |y_i|; the coordinate at the absmax is exact, the other
+    d-1 see a uniform error of variance step^2/12. E[a^2] uses the max of d independent
+    coordinates with the exact marginal (the dependence of a unit vector's coordinates is O(1/d)).
+    """
+    x, w = _grid()
+    pos = x > 0
+    xa = x[pos]
+    wa = 2.0 * w[pos]
+    cdf = np.cumsum(wa)
+    cdf_max = np.clip(cdf, 0, 1) ** D
+    pdf_max = np.diff(np.concatenate(([0.0], cdf_max)))
+    ea2 = float(np.sum(pdf_max * xa * xa))
+    step2 = 4.0 * ea2 / (255.0 ** 2)
+    return (D - 1) * step2 / 12.0
+
+
+def codebooks() -> dict[str, np.ndarray]:
+    """float32 centroid tables, by type name."""
+    out = {f"turboq{b}": lloyd_max(b).centroids.astype(np.float32) for b in LLOYD_MAX_BITS}
+    out["turboq8"] = grid8_centroids().astype(np.float32)
+    return out
+
+
+def thresholds() -> dict[str, np.ndarray]:
+    """float32 decision thresholds of the Lloyd-Max types: index = count(threshold < y)."""
+    return {f"turboq{b}": lloyd_max(b).thresholds.astype(np.float32) for b in LLOYD_MAX_BITS}
+
+
+def theoretical_vector_mse(type_name: str) -> float:
+    if type_name == "turboq8":
+        return grid8_vector_mse()
+    return lloyd_max(int(type_name[-1])).vector_mse
+
+
+def _c_floats(values: np.ndarray, per_line: int = 4) -> str:
+    items = [f"{float(v):.9e}f" for v in np.asarray(values, dtype=np.float32)]
+    lines = [", ".join(items[i:i + per_line]) for i in range(0, len(items), per_line)]
+    return "    " + ",\n    ".join(lines)
+
+
+def render_header() -> str:
+    s1, s2 = rotation_signs()
+    cbs = codebooks()
+    thr = thresholds()
+    parts = [
+        "// Generated by `python -m pyturbo.codebook --write`: do not edit.",
+        "// Lloyd-Max codebooks for one coordinate of a random unit vector in R^128, the turboq8",
+        "// grid, and the +-1 signs of the randomized Walsh-Hadamard rotation",
+        f"// (splitmix64, seed 0x{SIGN_SEED:x}; see pyturbo/codebook.py).",
+        "#pragma once",
+        "",
+        f"#define TURBOQ_GROUP {D}",
+        f"#define TURBOQ_INV_SQRT_GROUP {float(np.float32(1.0 / np.sqrt(D))):.9e}f",
+        "",
+    ]
+    for name, signs in (("turboq_sign1", s1), ("turboq_sign2", s2)):
+        rows = [", ".join(f"{v:+.1f}f" for v in signs[i:i + 16]) for i in range(0, D, 16)]
+        body = "    " + ",\n    ".join(rows)
+        parts.append(f"static const float {name}[{D}] = {{\n{body}\n}};\n")
+    for b in LLOYD_MAX_BITS:
+        lm = lloyd_max(b)
+        parts.append(f"// {1 << b} levels; E||u - Q(u)||^2 = {lm.vector_mse:.6f} for a unit vector")
+        parts.append(f"static const float turboq{b}_centroids[{1 << b}] = {{\n{_c_floats(cbs[f'turboq{b}'])}\n}};")
+        parts.append(f"static const float turboq{b}_thresholds[{(1 << b) - 1}] = {{\n{_c_floats(thr[f'turboq{b}'])}\n}};\n")
+    parts.append(f"// uniform grid (i - 127.5) / 127.5; E||u - Q(u)||^2 ~= {grid8_vector_mse():.3e} for a unit vector")
+    parts.append(f"static const float turboq8_centroids[{GRID8_LEVELS}] = {{\n{_c_floats(cbs['turboq8'])}\n}};")
+    return "\n".join(parts) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Generate the turboq C tables")
+    ap.add_argument("--write", type=Path, nargs="?", const=HEADER_PATH, help="write the header (default path)")
+    ap.add_argument("--report", action="store_true", help="print each codebook's theoretical MSE")
+    args = ap.parse_args()
+    if args.report or not args.write:
+        for name in ("turboq2", "turboq3", "turboq4", "turboq8"):
+            print(f"{name}: E||u-Q(u)||^2 = {theoretical_vector_mse(name):.6g}")
+    if args.write:
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        args.write.write_text(render_header())
+        print(f"wrote {args.write}")
+
+
+if __name__ == "__main__":
+    main()

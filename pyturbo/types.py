@@ -1,0 +1,57 @@
+"""KV-cache type names, ggml ids and block geometry.
+
+Mirrors `enum ggml_type` of the patched ggml for every type that llama.cpp accepts as a
+KV-cache type. Names are the strings that llama.cpp's `-ctk/-ctv` take.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CacheType:
+    name: str
+    ggml_id: int
+    block_size: int  # values per block
+    block_bytes: int  # bytes per block
+
+    @property
+    def bpw(self) -> float:
+        return 8.0 * self.block_bytes / self.block_size
+
+    @property
+    def is_turboq(self) -> bool:
+        return self.name.startswith("turboq")
+
+
+TURBOQ_GROUP = 128  # values per rotation group and per turboq block
+
+CACHE_TYPES: dict[str, CacheType] = {t.name: t for t in (
+    CacheType("f32", 0, 1, 4),
+    CacheType("f16", 1, 1, 2),
+    CacheType("q4_0", 2, 32, 18),
+    CacheType("q4_1", 3, 32, 20),
+    CacheType("q5_0", 6, 32, 22),
+    CacheType("q5_1", 7, 32, 24),
+    CacheType("q8_0", 8, 32, 34),
+    CacheType("iq4_nl", 20, 32, 18),
+    CacheType("bf16", 30, 1, 2),
+    CacheType("turboq2", 60, TURBOQ_GROUP, 34),
+    CacheType("turboq3", 61, TURBOQ_GROUP, 50),
+    CacheType("turboq4", 62, TURBOQ_GROUP, 68),
+    CacheType("turboq8", 63, TURBOQ_GROUP, 130),
+)}
+
+TURBOQ_TYPES = tuple(n for n, t in CACHE_TYPES.items() if t.is_turboq)
+
+
+def cache_type(name: str | CacheType) -> CacheType:
+    """Look a cache type up by name, case-insensitively; ValueError lists the valid names."""
+    if isinstance(name, CacheType):
+        return name
+    key = str(name).strip().lower()
+    try:
+        return CACHE_TYPES[key]
+    except KeyError:
+        valid = ", ".join(CACHE_TYPES)
+        raise ValueError(f"unknown KV cache type {name!r}; valid types: {valid}") from None

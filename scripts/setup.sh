@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Sets a fresh machine up: system packages, Python packages, the patched llama.cpp build.
+# Re-running it is cheap: pip is a no-op and the build is incremental (ccache when present).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v g++ >/dev/null || need+=(g++)
+command -v ccache >/dev/null || need+=(ccache)
+command -v git >/dev/null || need+=(git)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    else
+        echo "setup: please install: ${need[*]}" >&2
+        [[ " ${need[*]} " == *" ccache "* && ${#need[@]} -eq 1 ]] || exit 1
+    fi
+fi
+
+python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt
+
+BUILD_DIR=${PYTURBO_BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target pyturbo
+python3 -m pyturbo doctor

@@ -1,0 +1,64 @@
+// Stand-alone driver for ggml-turboq.c, built with ASan+UBSan by tests/test_fuzz.py.
+// stdin: int32 ggml type id, int32 group count, then count*128 float32 values.
+// stdout: the quantized blocks, then the dequantized float32 values.
+#include "ggml.h"
+#include "ggml-turboq.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+// the two ggml-base symbols ggml-turboq.c needs, so the codec links alone
+bool ggml_is_turboq(enum ggml_type type) { return type >= GGML_TYPE_TURBOQ2_0 && type <= GGML_TYPE_TURBOQ8_0; }
+
+static size_t turboq_block_bytes(enum ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_TURBOQ2_0: return 34;
+        case GGML_TYPE_TURBOQ3_0: return 50;
+        case GGML_TYPE_TURBOQ4_0: return 68;
+        case GGML_TYPE_TURBOQ8_0: return 130;
+        default: abort();
+    }
+}
+
+size_t ggml_row_size(enum ggml_type type, int64_t ne) { return turboq_block_bytes(type) * (size_t) (ne / 128); }
+
+void ggml_abort(const char * file, int line, const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s:%d: ", file, line);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    abort();
+}
+
+typedef size_t (*quantize_fn)(const float *, void *, int64_t, int64_t, const float *);
+typedef void   (*dequantize_fn)(const void *, float *, int64_t);
+
+static const struct { quantize_fn quantize; dequantize_fn dequantize; } codecs[] = {
+    { quantize_turboq2_0, dequantize_row_turboq2_0 },
+    { quantize_turboq3_0, dequantize_row_turboq3_0 },
+    { quantize_turboq4_0, dequantize_row_turboq4_0 },
+    { quantize_turboq8_0, dequantize_row_turboq8_0 },
+};
+
+int main(void) {
+    int32_t hdr[2];
+    if (fread(hdr, sizeof(int32_t), 2, stdin) != 2) return 2;
+    const enum ggml_type type = (enum ggml_type) hdr[0];
+    const int64_t n = (int64_t) hdr[1] * 128;
+    if (!ggml_is_turboq(type) || hdr[1] <= 0) return 2;
+    float * x = malloc(n * sizeof(float));
+    float * y = malloc(n * sizeof(float));
+    const size_t nbytes = ggml_row_size(type, n);
+    void * q = malloc(nbytes);
+    if (fread(x, sizeof(float), n, stdin) != (size_t) n) return 2;
+    const size_t written = codecs[type - GGML_TYPE_TURBOQ2_0].quantize(x, q, 1, n, NULL);
+    if (written != nbytes) return 3;
+    codecs[type - GGML_TYPE_TURBOQ2_0].dequantize(q, y, n);
+    fwrite(q, 1, nbytes, stdout);
+    fwrite(y, sizeof(float), n, stdout);
+    free(x); free(y); free(q);
+    return 0;
+}

@@ -1,0 +1,133 @@
+"""The C codec (through ctypes on the built libggml) against the NumPy reference, bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyturbo import codec, reference
+from pyturbo.codebook import theoretical_vector_mse
+from pyturbo.types import TURBOQ_TYPES, cache_type
+
+D = 128
+
+
+def special_groups(rng) -> dict[str, np.ndarray]:
+    g = {
+        "random": rng.standard_normal((64, D)).astype(np.float32),
+        "zero": np.zeros((2, D), np.float32),
+        "constant": np.full((2, D), 0.37, np.float32),
+        "negative_constant": np.full((1, D), -3.0, np.float32),
+        "huge": (rng.standard_normal((4, D)) * 1e30).astype(np.float32),
+        "max_float": np.full((1, D), np.finfo(np.float32).max, np.float32),
+        "tiny": (rng.standard_normal((4, D)) * 1e-30).astype(np.float32),
+        "denormal": (rng.standard_normal((4, D)) * 1e-40).astype(np.float32),
+        "one_hot": np.eye(D, dtype=np.float32)[:8] * 5.0,
+        "kv_like": (rng.standard_normal((16, D)) * np.linspace(0.1, 20, D)).astype(np.float32),
+    }
+    bad = rng.standard_normal((3, D)).astype(np.float32)
+    bad[0, 5] = np.nan
+    bad[1, 17] = np.inf
+    bad[2, 99] = -np.inf
+    g["nan_inf"] = bad
+    return g
+
+
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES)
+def test_c_matches_reference_bit_for_bit(lib, rng, type_name):
+    for label, x in special_groups(rng).items():
+        blocks_c = codec.quantize(x, type_name)
+        blocks_ref = reference.quantize(x, type_name)
+        assert blocks_c.size == x.size // D * cache_type(type_name).block_bytes
+        np.testing.assert_array_equal(blocks_c, blocks_ref, err_msg=f"{type_name} quantize, {label}")
+        y_c = codec.dequantize(blocks_c, type_name)
+        y_ref = reference.dequantize(blocks_c, type_name)
+        np.testing.assert_array_equal(y_c.view(np.uint32), y_ref.view(np.uint32),
+                                      err_msg=f"{type_name} dequantize, {label}")
+
+
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES)
+def test_special_values(lib, rng, type_name):
+    g = special_groups(rng)
+    # zero in, zero out (not NaN)
+    y = codec.dequantize(codec.quantize(g["zero"], type_name), type_name)
+    assert np.all(y == 0)
+    # a NaN/Inf group decodes to zeros and leaves its neighbours alone
+    x = np.concatenate([g["random"][:2], g["nan_inf"], g["random"][2:4]])
+    y = codec.dequantize(codec.quantize(x, type_name), type_name).reshape(-1, D)
+    assert np.all(np.isfinite(y))
+    assert np.all(y[2:5] == 0)
+    alone = codec.dequantize(codec.quantize(np.concatenate([g["random"][:2], g["random"][2:4]]), type_name), type_name)
+    np.testing.assert_array_equal(np.concatenate([y[:2], y[5:]]).ravel(), alone)
+    # huge values saturate (the fp16 norm is clamped to 65504) instead of overflowing to inf/NaN
+    yh = codec.dequantize(codec.quantize(g["max_float"], type_name), type_name)
+    blocks = codec.quantize(g["max_float"], type_name)
+    assert np.all(np.isfinite(yh)) and yh.mean() > 0
+    assert blocks[:2].view("<f2")[0] == np.float16(65504)
+
+
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES)
+def test_roundtrip_mse_matches_codebook_theory(lib, type_name):
+    rng = np.random.default_rng(99)
+    u = rng.standard_normal((4000, D))
+    u = (u / np.linalg.norm(u, axis=1, keepdims=True)).astype(np.float32)
+    y = codec.dequantize(codec.quantize(u, type_name), type_name).reshape(-1, D)
+    mse = float(np.mean(np.sum((u - y) ** 2, axis=1)))
+    theory = theoretical_vector_mse(type_name)
+    print(f"{type_name}: roundtrip MSE {mse:.6g}, codebook theory {theory:.6g}, ratio {mse / theory:.4f}")
+    assert abs(mse - theory) / theory < 0.05
+
+
+def numpy_attention(q, k, v, scale):
+    n_head, n_head_kv = q.shape[0], k.shape[0]
+    rep = n_head // n_head_kv
+    k = np.repeat(k.astype(np.float64), rep, axis=0)
+    v = np.repeat(v.astype(np.float64), rep, axis=0)
+    s = np.einsum("hqd,hkd->hqk", q.astype(np.float64), k) * scale
+    s -= s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.einsum("hqk,hkd->hqd", p, v)
+
+
+def decoded(x, type_name):
+    t = cache_type(type_name)
+    if t.name == "f32":
+        return x
+    if t.name in ("f16",):
+        return x.astype(np.float16).astype(np.float32)
+    if t.name == "bf16":
+        u = x.view(np.uint32)
+        return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    return codec.dequantize(codec.quantize(x, type_name), type_name).reshape(x.shape)
+
+
+KV_PAIRS = [(k, v) for k in TURBOQ_TYPES for v in TURBOQ_TYPES if k == v] + [
+    (t, o) for t in TURBOQ_TYPES for o in ("f16", "bf16", "q8_0", "q4_0")] + [
+    (o, t) for t in TURBOQ_TYPES for o in ("f16", "bf16", "q8_0", "q4_0")] + [("turboq4", "turboq2"), ("turboq3", "turboq2")]
+
+
+@pytest.mark.parametrize("type_k,type_v", KV_PAIRS)
+@pytest.mark.parametrize("dk,n_q", [(128, 1), (256, 5)])
+def test_flash_attention_matches_numpy_on_dequantized_cache(lib, type_k, type_v, dk, n_q):
+    rng = np.random.default_rng(dk + n_q)
+    n_head, n_head_kv, n_kv = 4, 2, 300
+    q = rng.standard_normal((n_head, n_q, dk)).astype(np.float32)
+    k = (rng.standard_normal((n_head_kv, n_kv, dk)) * 0.5).astype(np.float32)
+    v = rng.standard_normal((n_head_kv, n_kv, dk)).astype(np.float32)
+    scale = 1.0 / np.sqrt(dk)
+    out = codec.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=2)
+    # the same attention in float64 NumPy over the cache as ggml decodes it
+    kd = decoded(k.reshape(-1), type_k).reshape(k.shape)
+    vd = decoded(v.reshape(-1), type_v).reshape(v.shape)
+    # ggml's non-turboq K path converts Q to the K type's vec_dot type (q8_0 for q4_0/q8_0, f16 for f16)
+    qd = q
+    if type_k in ("q8_0", "q4_0"):
+        qd = decoded(q.reshape(-1), "q8_0").reshape(q.shape)
+    elif type_k in ("f16", "bf16"):
+        qd = decoded(q.reshape(-1), type_k).reshape(q.shape)
+    want = numpy_attention(qd, kd, vd, scale)
+    err = np.abs(out - want).max()
+    assert err < 2e-3 * max(1.0, np.abs(want).max()), f"max abs err {err}"
+    exact = numpy_attention(q, k, v, scale)
+    cos = float(np.sum(out * exact) / (np.linalg.norm(out) * np.linalg.norm(exact)))
+    print(f"K={type_k} V={type_v} dk={dk}: cosine vs f32 attention {cos:.5f}")

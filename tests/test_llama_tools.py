@@ -1,0 +1,113 @@
+"""llama.cpp's own tools with turboq caches: perplexity on real text, KV sizes, bad input."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pyturbo import data
+from pyturbo.llamacpp import kv_mib, perplexity, run_tool
+
+TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3", "turboq2"]
+
+
+@pytest.fixture(scope="session")
+def gemma(build_info):
+    return data.default_model()
+
+
+@pytest.fixture(scope="session")
+def short_text():
+    return data.corpus_slice(12000)
+
+
+@pytest.fixture(scope="session")
+def tiny128(build_info):
+    return data.tiny_model(head_dim=128)
+
+
+@pytest.fixture(scope="session")
+def tiny64(build_info):
+    return data.tiny_model(head_dim=64)
+
+
+@pytest.fixture(scope="session")
+def gemma_runs(gemma, short_text, tmp_path_factory):
+    base = tmp_path_factory.mktemp("kld") / "f16.kld"
+    out = {"f16": perplexity(gemma, short_text, "f16", "f16", ctx=256, chunks=6, kld_base=base, write_base=True)}
+    for t in TYPES[1:]:
+        out[t] = perplexity(gemma, short_text, t, t, ctx=256, chunks=6, kld_base=base)
+    for t, r in out.items():
+        print(f"gemma3-270m c=256 x6 {t:8s} PPL {r.ppl:8.3f}  KLD {r.kld}  KV {r.kv_mib:.2f} MiB")
+    return out
+
+
+def test_gemma_quality_order(gemma_runs):
+    kld = {t: r.kld for t, r in gemma_runs.items() if t != "f16"}
+    err = {t: r.kld_err for t, r in gemma_runs.items() if t != "f16"}
+    # turboq4 <= turboq3 <= turboq2 in mean KLD vs the f16 cache, within 2 standard errors
+    assert kld["turboq4"] <= kld["turboq3"] + 2 * err["turboq3"]
+    assert kld["turboq3"] <= kld["turboq2"] + 2 * err["turboq2"]
+    assert 0 < kld["turboq4"]
+    # turboq4 (4.25 bpw) is no worse than q4_0 (4.5 bpw)
+    assert kld["turboq4"] <= kld["q4_0"] + 2 * err["q4_0"]
+    f16 = gemma_runs["f16"].ppl
+    assert f16 <= gemma_runs["turboq4"].ppl * 1.02
+    # stated bound: turboq3 K/V within 15% of the f16-cache perplexity on this model
+    assert gemma_runs["turboq3"].ppl <= f16 * 1.15
+    assert all(math.isfinite(r.ppl) for r in gemma_runs.values())
+
+
+def test_kv_buffer_matches_block_sizes(gemma_runs):
+    f16 = gemma_runs["f16"].kv_mib
+    assert gemma_runs["turboq3"].kv_mib == pytest.approx(f16 * 3.125 / 16, rel=0.01)
+    assert gemma_runs["turboq2"].kv_mib == pytest.approx(f16 * 2.125 / 16, rel=0.01)
+    assert gemma_runs["turboq4"].kv_mib == pytest.approx(f16 * 4.25 / 16, rel=0.01)
+
+
+@pytest.mark.parametrize("type_k,type_v", [("turboq3", "turboq3"), ("turboq8", "turboq8"), ("turboq2", "f16"),
+                                           ("f16", "turboq4"), ("q8_0", "turboq2"), ("turboq4", "q4_0")])
+def test_tiny_model_turboq_close_to_f16(tiny128, short_text, type_k, type_v):
+    ref = perplexity(tiny128, short_text, "f16", "f16", ctx=256, chunks=3)
+    got = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3)
+    assert math.isfinite(got.ppl)
+    assert got.ppl == pytest.approx(ref.ppl, rel=0.05)
+
+
+def test_unknown_cache_type_is_an_error(tiny128, short_text):
+    r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-ctk", "turboq5", check=False)
+    assert r.returncode > 0
+    assert "turboq5" in r.stderr + r.stdout
+
+
+def test_flash_attention_off_with_turboq_v_is_an_error(tiny128, short_text):
+    r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128",
+                 "-fa", "off", "-ctk", "f16", "-ctv", "turboq3", check=False)
+    assert r.returncode > 0, "must fail cleanly, not abort"
+    assert "requires flash_attn" in r.stderr + r.stdout
+
+
+def test_flash_attention_off_with_turboq_k_is_an_error(tiny128, short_text):
+    r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128",
+                 "-fa", "off", "-ctk", "turboq3", "-ctv", "f16", check=False)
+    assert r.returncode > 0
+    assert "requires flash_attn" in r.stderr + r.stdout
+
+
+def test_head_dim_64_is_refused_with_its_head_dim(tiny64, short_text):
+    r = run_tool("llama-perplexity", "-m", str(tiny64), "-f", str(short_text), "-c", "128",
+                 "-ctk", "turboq3", "-ctv", "turboq3", check=False)
+    assert r.returncode > 0
+    assert "n_embd_head_k=64" in r.stderr + r.stdout
+
+
+def test_help_lists_turboq_types():
+    r = run_tool("llama-perplexity", "--help", check=False)
+    for t in ("turboq2", "turboq3", "turboq4", "turboq8"):
+        assert t in r.stdout + r.stderr
+
+
+def test_llama_bench_accepts_turboq(tiny128):
+    r = run_tool("llama-bench", "-m", str(tiny128), "-fa", "1", "-p", "64", "-n", "4", "-r", "1",
+                 "-ctk", "f16,turboq3", "-ctv", "f16,turboq3", "-t", "2", "-o", "csv")
+    assert "turboq3" in r.stdout
