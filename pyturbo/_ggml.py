@@ -50,6 +50,11 @@ class Ggml:
         b.ggml_new_graph.restype = vp
         b.ggml_new_graph.argtypes = [vp]
         b.ggml_build_forward_expand.argtypes = [vp, vp]
+        for name in ("ggml_cpy", "ggml_get_rows"):
+            getattr(b, name).restype = vp
+            getattr(b, name).argtypes = [vp, vp, vp]
+        b.ggml_cast.restype = vp
+        b.ggml_cast.argtypes = [vp, vp, C.c_int]
         b.ggml_nbytes.restype = C.c_size_t
         b.ggml_nbytes.argtypes = [vp]
         cpu.ggml_graph_compute_with_ctx.restype = C.c_int

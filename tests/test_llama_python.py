@@ -1,0 +1,124 @@
+"""pyturbo.Llama: llama-cpp-python on the patched libllama, cache types by name."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyturbo import data
+
+PROMPT = "The old man looked at the sea and said"
+
+
+@pytest.fixture(scope="session")
+def Llama(build_info):
+    from pyturbo.llama import Llama
+    return Llama
+
+
+@pytest.fixture(scope="session")
+def gemma(build_info):
+    return str(data.default_model())
+
+
+@pytest.fixture(scope="session")
+def tiny128(build_info):
+    return str(data.tiny_model(head_dim=128))
+
+
+def make(Llama, path, **kw):
+    kw.setdefault("n_ctx", 512)
+    kw.setdefault("n_threads", 2)
+    kw.setdefault("verbose", False)
+    kw.setdefault("seed", 1)
+    return Llama(path, **kw)
+
+
+def test_unknown_type_name_lists_valid_ones(Llama, tiny128):
+    with pytest.raises(ValueError, match="turboq3"):
+        make(Llama, tiny128, cache_type_k="turboq5")
+
+
+def test_names_are_case_insensitive(Llama, tiny128):
+    llm = make(Llama, tiny128, cache_type_k="TurboQ3", cache_type_v="Q8_0")
+    assert llm.context_params.type_k == 61 and llm.context_params.type_v == 8
+
+
+def test_unknown_type_id_is_refused_before_llama_cpp(Llama, tiny128):
+    with pytest.raises(ValueError, match="not a llama.cpp cache type"):
+        make(Llama, tiny128, type_k=55)
+
+
+def test_flash_attention_off_gives_llama_cpp_reason(Llama, tiny128):
+    from pyturbo.llama import ContextError
+    with pytest.raises(ContextError, match="requires flash_attn"):
+        make(Llama, tiny128, cache_type_k="f16", cache_type_v="turboq3", flash_attn=False)
+
+
+def test_head_dim_64_gives_llama_cpp_reason(Llama):
+    from pyturbo.llama import ContextError
+    with pytest.raises(ContextError, match="n_embd_head_k=64"):
+        make(Llama, str(data.tiny_model(head_dim=64)), cache_type_k="turboq3", cache_type_v="turboq3")
+
+
+def test_invalid_layer_adaptive_mode(Llama, tiny128):
+    with pytest.raises(ValueError, match="valid modes"):
+        make(Llama, tiny128, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive=3)
+
+
+def greedy(llm, prompt: str, n: int = 32) -> list[int]:
+    llm.reset()
+    out: list[int] = []
+    for tok in llm.generate(llm.tokenize(prompt.encode()), top_k=1, temp=0.0):
+        out.append(tok)
+        if len(out) == n:
+            break
+    return out
+
+
+# the opening of botchan.txt. Greedy decoding on this 270M model is chaotic: where a near-tie sits
+# differs by prompt, and q8_0 itself leaves f16 after 12 tokens here (see the closing note).
+GREEDY_PROMPT = "Ever since I was a child, my inherited recklessness has"
+
+
+def test_turboq8_greedy_matches_f16(Llama, gemma):
+    want = greedy(make(Llama, gemma, cache_type_k="f16", cache_type_v="f16", flash_attn=True), GREEDY_PROMPT)
+    matches = {}
+    for t in ("turboq8", "turboq4", "turboq3", "q8_0"):
+        got = greedy(make(Llama, gemma, cache_type_k=t, cache_type_v=t, flash_attn=True), GREEDY_PROMPT)
+        matches[t] = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
+        print(f"greedy 32 tokens, {t} K/V: first {matches[t]} tokens match f16")
+    assert matches["turboq8"] == 32
+
+
+@pytest.mark.parametrize("t", ["turboq3", "turboq4"])
+def test_save_load_state_roundtrips(Llama, gemma, t):
+    llm = make(Llama, gemma, cache_type_k=t, cache_type_v=t)
+    llm.eval(llm.tokenize(PROMPT.encode()))
+    state = llm.save_state()
+    tokens, logits = [llm.sample(top_k=1, temp=0.0)], []
+    for _ in range(8):
+        llm.eval([tokens[-1]])
+        logits.append(llm.scores[llm.n_tokens - 1].copy())
+        tokens.append(llm.sample(top_k=1, temp=0.0))
+    llm.load_state(state)
+    assert bytes(llm.save_state().llama_state) == bytes(state.llama_state)
+    # llama-cpp-python's sample() right after load_state reads stale logits (f16 too), so the
+    # continuation is compared by feeding the same tokens: logits must be identical bit for bit
+    for i in range(8):
+        llm.eval([tokens[i]])
+        np.testing.assert_array_equal(llm.scores[llm.n_tokens - 1], logits[i])
+        assert llm.sample(top_k=1, temp=0.0) == tokens[i + 1]
+
+
+def test_layer_adaptive_sets_per_layer_types_and_does_not_leak(Llama, gemma, capfd):
+    import os
+    llm = make(Llama, gemma, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive=7, verbose=True)
+    err = capfd.readouterr().err
+    assert "TURBO_LAYER_ADAPTIVE=7" in err
+    assert "layer   0: TURBO_LAYER_ADAPTIVE=7: K turboq3, V q8_0" in err
+    assert "layer   5: TURBO_LAYER_ADAPTIVE=7: K turboq3, V turboq2" in err
+    assert "layer  17: TURBO_LAYER_ADAPTIVE=7: K turboq3, V q8_0" in err
+    assert "TURBO_LAYER_ADAPTIVE" not in os.environ
+    other = make(Llama, gemma, cache_type_k="turboq3", cache_type_v="turboq3", verbose=True)
+    assert "TURBO_LAYER_ADAPTIVE" not in capfd.readouterr().err
+    del llm, other
