@@ -61,6 +61,22 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def cmd_perplexity(args: argparse.Namespace) -> None:
+    from .perplexity import sliding_window_perplexity
+    from .types import cache_type
+
+    model = args.model or str(data.default_model())
+    text = open(args.file or data.corpus(), encoding="utf-8").read()
+    configs = ([(f"turboq{b}", f"turboq{b}") for b in args.bits] if args.bits
+               else [(cache_type(args.cache_type_k).name, cache_type(args.cache_type_v).name)])
+    print("| K | V | layer_adaptive | tokens scored | PPL |")
+    print("|---|---|---|---|---|")
+    for tk, tv in configs:
+        r = sliding_window_perplexity(model, text, tk, tv, args.layer_adaptive, args.max_length, args.stride,
+                                      args.max_tokens, args.threads, score_from=args.score_from)
+        print(f"| {tk} | {tv} | {args.layer_adaptive} | {r.n_scored} | {r.ppl:.4f} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="pyturbo", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -72,6 +88,29 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("doctor", help="paths, pin, type table and a codec round trip")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_doctor)
+    p = sub.add_parser("perplexity", help="sliding-window perplexity through llama-cpp-python")
+    p.add_argument("--model", help="GGUF (default: bundled Gemma 3 270M)")
+    p.add_argument("-f", "--file", help="text file (default: botchan.txt)")
+    p.add_argument("--cache-type-k", "-ctk", default="f16")
+    p.add_argument("--cache-type-v", "-ctv", default="f16")
+    p.add_argument("--layer-adaptive", type=int, default=0)
+    p.add_argument("--bits", type=int, nargs="+", choices=[2, 3, 4, 8],
+                   help="run turboq<bits> for K and V for each value (overrides the cache types)")
+    p.add_argument("--max-length", type=int, default=2048)
+    p.add_argument("--stride", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--score-from", type=int, default=0,
+                   help="score only targets at window offsets >= N; --max-length 512 --stride 512 --score-from 257 "
+                        "is llama-perplexity -c 512 exactly")
+    p.set_defaults(func=cmd_perplexity)
+    p = sub.add_parser("bench", help="PPL / KLD / speed / KV memory matrix, Markdown + PNG")
+    p.add_argument("--model")
+    p.add_argument("-f", "--file")
+    p.add_argument("--quick", action="store_true", help="4 configurations, tiny runs (for CI)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="bench-out")
+    p.set_defaults(func=lambda a: __import__("pyturbo.bench", fromlist=["main"]).main(a.model, a.file, a.quick, a.threads, a.out))
     p = sub.add_parser("model-path", help="print the path of the bundled default model (fetching it once)")
     p.set_defaults(func=lambda a: print(data.default_model()))
     args = ap.parse_args(argv)

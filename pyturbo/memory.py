@@ -1,0 +1,85 @@
+"""kv_bytes: the KV-cache size llama.cpp allocates, from the model's GGUF metadata.
+
+Follows llama.cpp's rules for this pin: the cache holds n_ctx cells padded to 256; a model with
+sliding-window layers (Gemma 3: every 6th layer is global) gets a second cache for those layers
+of min(n_ctx, n_swa * n_seq + n_ubatch) cells, padded the same way. Each layer stores
+n_head_kv * head_dim values of K and of V per cell, in blocks of the cache type.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .types import cache_type
+
+KV_PAD = 256
+# architectures whose sliding-window layers follow a fixed pattern: every n-th layer is global
+SWA_PATTERNS = {"gemma3": 6, "gemma2": 2}
+
+
+@dataclass(frozen=True)
+class KvGeometry:
+    arch: str
+    n_layer: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_swa: int
+    swa_pattern: int
+
+    def is_swa(self, il: int) -> bool:
+        return self.n_swa > 0 and self.swa_pattern > 0 and (il + 1) % self.swa_pattern != 0
+
+
+def kv_geometry(model: str | Path) -> KvGeometry:
+    import gguf
+
+    r = gguf.GGUFReader(str(model))
+
+    def field(key: str, default=None):
+        f = r.fields.get(key)
+        if f is None:
+            return default
+        return f.parts[f.data[0]][0].item() if f.types[0] != gguf.GGUFValueType.STRING else bytes(f.parts[f.data[0]]).decode()
+
+    arch = field("general.architecture")
+    n_head = field(f"{arch}.attention.head_count")
+    n_embd = field(f"{arch}.embedding_length")
+    head_dim_k = field(f"{arch}.attention.key_length", n_embd // n_head)
+    head_dim_v = field(f"{arch}.attention.value_length", head_dim_k)
+    n_swa = field(f"{arch}.attention.sliding_window", 0) or 0
+    pattern = SWA_PATTERNS.get(arch, 0)
+    return KvGeometry(arch, field(f"{arch}.block_count"), field(f"{arch}.attention.head_count_kv", n_head),
+                      head_dim_k, head_dim_v, n_swa if pattern else 0, pattern)
+
+
+def _pad(n: int) -> int:
+    return (n + KV_PAD - 1) // KV_PAD * KV_PAD
+
+
+def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16",
+             layer_adaptive: int = 0, n_seq: int = 1, n_ubatch: int = 512) -> int:
+    """Bytes of K and V that llama.cpp allocates for this model and context."""
+    g = kv_geometry(model)
+    cells_full = _pad(n_ctx)
+    cells_swa = min(cells_full, _pad(g.n_swa * n_seq + n_ubatch)) if g.n_swa else 0
+    total = 0
+    for il in range(g.n_layer):
+        tk, tv = layer_types(layer_adaptive, il, g.n_layer, cache_type_k, cache_type_v)
+        cells = cells_swa if g.is_swa(il) else cells_full
+        for t, hd in ((tk, g.head_dim_k), (tv, g.head_dim_v)):
+            ct = cache_type(t)
+            total += cells * g.n_head_kv * hd // ct.block_size * ct.block_bytes
+    return total
+
+
+def layer_types(mode: int, il: int, n_layer: int, type_k: str, type_v: str) -> tuple[str, str]:
+    """Mirror of llama-turboq.cpp's TURBO_LAYER_ADAPTIVE table."""
+    table = {1: (4, 4, True, "q8_0", None), 2: (0, 8, True, "q8_0", None), 5: (2, 2, False, "turboq4", "turboq2"),
+             6: (0, 8, False, "turboq4", "turboq2"), 7: (2, 2, False, "q8_0", "turboq2")}
+    if mode not in table:
+        return type_k, type_v
+    n_first, n_last, set_k, boundary, other_v = table[mode]
+    if il < n_first or il + n_last >= n_layer:
+        return (boundary if set_k else type_k), boundary
+    return type_k, other_v or type_v

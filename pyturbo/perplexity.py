@@ -1,0 +1,85 @@
+"""Sliding-window perplexity through llama-cpp-python's logits (`pyturbo perplexity`).
+
+Windows of --max-length tokens advance by --stride; each window scores only the tokens not
+scored before (Hugging Face's recipe), with the KV cache cleared between windows, so every
+scored token sees between max_length - stride and max_length - 1 tokens of context. Each window
+starts with BOS, as llama-perplexity's chunks do.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class PerplexityRun:
+    cache_type_k: str
+    cache_type_v: str
+    layer_adaptive: int
+    ppl: float
+    nll: float
+    n_scored: int
+
+
+def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
+    return x[np.arange(len(targets)), targets] - lse
+
+
+def progress(done: int, total: int, label: str) -> None:
+    width = 30
+    filled = int(width * done / max(total, 1))
+    print(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", end="", file=sys.stderr, flush=True)
+    if done >= total:
+        print(file=sys.stderr)
+
+
+def sliding_window_perplexity(model: str | Path, text: str, cache_type_k: str = "f16", cache_type_v: str = "f16",
+                              layer_adaptive: int = 0, max_length: int = 2048, stride: int = 512,
+                              max_tokens: int | None = None, n_threads: int | None = None,
+                              show_progress: bool = True, score_from: int = 0) -> PerplexityRun:
+    """score_from > 0 scores only targets at window offsets >= score_from: with stride == max_length
+    and score_from = max_length // 2 + 1 this is exactly llama-perplexity's scheme."""
+    from .llama import Llama
+
+    llm = Llama(str(model), cache_type_k=cache_type_k, cache_type_v=cache_type_v, layer_adaptive=layer_adaptive,
+                n_ctx=max_length, n_batch=min(max_length, 512), logits_all=True, flash_attn=True,
+                n_threads=n_threads, n_threads_batch=n_threads, verbose=False)
+    tokens = llm.tokenize(text.encode("utf-8"), add_bos=True)
+    if max_tokens:
+        tokens = tokens[:max_tokens]
+    n = len(tokens)
+    if n < 2:
+        raise ValueError("the text is too short to score")
+    starts = list(range(0, max(n - 1, 1), stride))
+    nll_sum, n_scored, prev_end = 0.0, 0, 0
+    label = f"{cache_type_k}/{cache_type_v}" + (f" LA{layer_adaptive}" if layer_adaptive else "")
+    for i, begin in enumerate(starts):
+        end = min(begin + max_length, n)
+        # like llama-perplexity, every window starts with BOS (models such as Gemma need it);
+        # the token it replaces is context only, never a scored target after the first window
+        window = [llm.token_bos(), *tokens[begin + 1:end]] if begin > 0 and llm.token_bos() >= 0 else tokens[begin:end]
+        first_scored = max(prev_end, begin + 1, begin + score_from)  # positions [first_scored, end) get scored
+        llm.reset()
+        llm.eval(window)
+        logits = llm.scores[first_scored - 1 - begin:end - 1 - begin]
+        targets = np.asarray(tokens[first_scored:end])
+        lp = _log_softmax_at(logits, targets)
+        nll_sum -= float(lp.sum())
+        n_scored += len(targets)
+        prev_end = end
+        if show_progress:
+            progress(i + 1, len(starts), label)
+        if end == n or (score_from and end - begin < max_length):
+            if show_progress and i + 1 < len(starts):
+                progress(len(starts), len(starts), label)
+            break
+    del llm
+    nll = nll_sum / n_scored
+    return PerplexityRun(cache_type_k, cache_type_v, layer_adaptive, math.exp(nll), nll, n_scored)

@@ -1,0 +1,1 @@
+"""OpenAI-compatible server for pyturbo: llama-cpp-python's FastAPI server on the patched libllama."""
