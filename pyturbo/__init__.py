@@ -1,6 +1,7 @@
 """pyturbo: TurboQuant KV-cache types (turboq2/3/4/8) for llama.cpp, driven from Python."""
 from __future__ import annotations
 
+from . import data
 from .types import CACHE_TYPES, TURBOQ_TYPES, CacheType, cache_type
 
 UPSTREAM_COMMIT = "0c1e57098"
