@@ -58,11 +58,15 @@ def _pad(n: int) -> int:
 
 
 def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16",
-             layer_adaptive: int = 0, n_seq: int = 1, n_ubatch: int = 512) -> int:
-    """Bytes of K and V that llama.cpp allocates for this model and context."""
+             layer_adaptive: int = 0, n_seq: int = 1, n_ubatch: int = 512, swa_full: bool = False) -> int:
+    """Bytes of K and V that llama.cpp allocates for this model and context.
+
+    swa_full: sliding-window layers keep all n_ctx cells (llama.cpp's --swa-full; llama-cpp-python's
+    Llama defaults to it, llama.cpp's tools do not).
+    """
     g = kv_geometry(model)
     cells_full = _pad(n_ctx)
-    cells_swa = min(cells_full, _pad(g.n_swa * n_seq + n_ubatch)) if g.n_swa else 0
+    cells_swa = (cells_full if swa_full else min(cells_full, _pad(g.n_swa * n_seq + n_ubatch))) if g.n_swa else 0
     total = 0
     for il in range(g.n_layer):
         tk, tv = layer_types(layer_adaptive, il, g.n_layer, cache_type_k, cache_type_v)

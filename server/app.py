@@ -57,6 +57,8 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
         raise ValueError(f"--layer-adaptive {layer_adaptive}: valid modes are {pl.LAYER_ADAPTIVE_MODES}")
     ms = TurboModelSettings(model=model, model_alias=alias or Path(model).name, n_ctx=n_ctx, type_k=tk.ggml_id,
                             type_v=tv.ggml_id, flash_attn=True, layer_adaptive=layer_adaptive, verbose=verbose,
+                            # llama-cpp-python's default keeps n_ctx x n_vocab logits: 32 GiB for Gemma 3 at 32k
+                            logits_all=False,
                             **({"n_threads": n_threads, "n_threads_batch": n_threads} if n_threads else {}))
     app = create_app(server_settings=ServerSettings(host=host, port=port), model_settings=[ms])
     known = {ms.model_alias, ms.model}

@@ -30,6 +30,15 @@ def test_kv_bytes_matches_llama_cpp(gemma, tk, tv, la, monkeypatch):
     assert r.kv_mib == pytest.approx(kv_bytes(gemma, 512, tk, tv, la) / 2**20, abs=0.011)
 
 
+def test_kv_bytes_swa_full_matches_llama_cpp_python(gemma, capfd):
+    from pyturbo.llama import Llama
+    llm = Llama(str(gemma), n_ctx=2048, cache_type_k="turboq3", cache_type_v="q8_0", verbose=True)
+    log = capfd.readouterr().err
+    from pyturbo.llamacpp import kv_mib
+    assert kv_mib(log) == pytest.approx(kv_bytes(gemma, 2048, "turboq3", "q8_0", swa_full=True) / 2**20, abs=0.011)
+    del llm
+
+
 def test_kv_bytes_server_defaults(gemma):
     # llama-server's defaults for this model: 4 slots, n_ctx 32768 -> 133.5 MiB of f16 KV (research notes)
     assert kv_bytes(gemma, 32768, n_seq=4) / 2**20 == pytest.approx(133.5)
