@@ -53,6 +53,8 @@ class Ggml:
         for name in ("ggml_cpy", "ggml_get_rows"):
             getattr(b, name).restype = vp
             getattr(b, name).argtypes = [vp, vp, vp]
+        b.ggml_set_rows.restype = vp
+        b.ggml_set_rows.argtypes = [vp, vp, vp, vp]
         b.ggml_cast.restype = vp
         b.ggml_cast.argtypes = [vp, vp, C.c_int]
         b.ggml_nbytes.restype = C.c_size_t

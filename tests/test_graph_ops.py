@@ -94,3 +94,45 @@ def test_requantizing_a_decoded_cache_is_stable(type_name, rng):
     e1 = np.mean((x.ravel() - once) ** 2)
     e2 = np.mean((once - twice) ** 2)
     assert e2 <= e1 * 1.2
+
+
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES)
+@pytest.mark.parametrize("src_type", ["f32", "f16"])
+def test_set_rows_writes_the_codec_into_chosen_rows(lib, rng, type_name, src_type):
+    """SET_ROWS is how llama.cpp writes the KV cache."""
+    t = cache_type(type_name)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    src = x.astype(np.float16) if src_type == "f16" else x
+    rows = np.array([4, 1, 6], dtype=np.int64)
+    cache = np.zeros(8 * 2 * t.block_bytes, dtype=np.uint8)
+
+    def build(b, ctx):
+        dst = b.ggml_new_tensor_4d(ctx, t.ggml_id, 256, 8, 1, 1)
+        s = b.ggml_new_tensor_4d(ctx, cache_type(src_type).ggml_id, 256, 3, 1, 1)
+        idx = b.ggml_new_tensor_4d(ctx, 27, 3, 1, 1, 1)  # GGML_TYPE_I64
+        fill(b, dst, cache)
+        fill(b, s, src)
+        fill(b, idx, rows)
+        out = b.ggml_set_rows(ctx, dst, s, idx)
+        return out, lambda: read(b, dst, np.uint8, cache.size)
+
+    got = graph_run(lib, build).reshape(8, -1)
+    want = reference.quantize(src.astype(np.float32), type_name).reshape(3, -1)
+    np.testing.assert_array_equal(got[rows], want)
+    untouched = [i for i in range(8) if i not in rows]
+    assert not got[untouched].any()
+
+
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES)
+def test_cast_to_f16(lib, rng, type_name):
+    t = cache_type(type_name)
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    blocks = reference.quantize(x, type_name)
+
+    def build(b, ctx):
+        q = b.ggml_new_tensor_4d(ctx, t.ggml_id, 256, 2, 1, 1)
+        fill(b, q, blocks)
+        out = b.ggml_cast(ctx, q, 1)  # GGML_TYPE_F16
+        return out, lambda: read(b, out, np.float16, 2 * 256)
+
+    np.testing.assert_array_equal(graph_run(lib, build), reference.dequantize(blocks, type_name).astype(np.float16))
