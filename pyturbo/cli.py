@@ -126,5 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=lambda a: __import__("pyturbo.bench", fromlist=["main"]).main(a.model, a.file, a.quick, a.threads, a.out))
     p = sub.add_parser("model-path", help="print the path of the bundled default model (fetching it once)")
     p.set_defaults(func=lambda a: print(data.default_model()))
+    p = sub.add_parser("corpus-path", help="print the path of botchan.txt (fetching it once)")
+    p.set_defaults(func=lambda a: print(data.corpus()))
     args = ap.parse_args(argv)
     args.func(args)

@@ -16,7 +16,7 @@ import threading
 from typing import Any, Iterator
 
 from ._paths import lib_dir
-from .types import CacheType, cache_type
+from .types import CACHE_TYPES, TURBOQ_TYPES, CacheType, cache_type
 
 os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(lib_dir()))
 
@@ -93,7 +93,9 @@ class Llama(llama_cpp.Llama):
         for key in ("type_k", "type_v"):
             if kwargs.get(key) is not None:
                 _check_type_id(kwargs[key])
-        wants_turboq = any(t is not None and t.is_turboq for t in (tk, tv)) or (layer_adaptive or 0) in (5, 6, 7)
+        turboq_ids = {CACHE_TYPES[n].ggml_id for n in TURBOQ_TYPES}
+        wants_turboq = (kwargs.get("type_k") in turboq_ids or kwargs.get("type_v") in turboq_ids
+                        or (layer_adaptive or 0) in (5, 6, 7))
         if wants_turboq:
             kwargs.setdefault("flash_attn", True)
         self.cache_type_k = tk.name if tk else None
@@ -115,7 +117,6 @@ class Llama(llama_cpp.Llama):
 
 def _check_type_id(type_id: int) -> None:
     # an id llama.cpp does not know aborts the whole process in ggml; refuse it here instead
-    from .types import CACHE_TYPES
     if type_id not in {t.ggml_id for t in CACHE_TYPES.values()}:
         names = ", ".join(f"{t.name}={t.ggml_id}" for t in CACHE_TYPES.values())
         raise ValueError(f"KV cache type id {type_id} is not a llama.cpp cache type; valid: {names}")

@@ -43,6 +43,11 @@ def test_names_are_case_insensitive(Llama, tiny128):
     assert llm.context_params.type_k == 61 and llm.context_params.type_v == 8
 
 
+def test_turboq_by_raw_id_turns_flash_attention_on(Llama, tiny128):
+    llm = make(Llama, tiny128, type_k=61, type_v=61)
+    assert llm.context_params.type_k == 61
+
+
 def test_unknown_type_id_is_refused_before_llama_cpp(Llama, tiny128):
     with pytest.raises(ValueError, match="not a llama.cpp cache type"):
         make(Llama, tiny128, type_k=55)
