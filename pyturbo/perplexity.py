@@ -26,10 +26,10 @@ class PerplexityRun:
 
 
 def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    m = x.max(axis=1, keepdims=True)
-    lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
-    return x[np.arange(len(targets)), targets] - lse
+    """log p(target) per row; exp in float32 (vocabularies reach 262k), sums in float64."""
+    m = logits.max(axis=1, keepdims=True)
+    lse = m[:, 0].astype(np.float64) + np.log(np.exp(logits - m).sum(axis=1, dtype=np.float64))
+    return logits[np.arange(len(targets)), targets].astype(np.float64) - lse
 
 
 def progress(done: int, total: int, label: str) -> None:
