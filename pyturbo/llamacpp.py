@@ -54,8 +54,11 @@ def perplexity(model: Path, text: Path, type_k: str = "f16", type_v: str = "f16"
     log = r.stdout + r.stderr
     res = PerplexityResult(ppl=float("nan"), log=log, kv_mib=kv_mib(log))
     m = re.search(r"Final estimate: PPL = ([\d.]+)", log) or re.search(r"Mean PPL\(Q\)\s*:\s*([\d.]+)", log)
+    running = re.findall(r"\[\d+\]([\d.]+),", log)  # the running estimate after each chunk
     if m:
         res.ppl = float(m.group(1))
+    elif running:
+        res.ppl = float(running[-1])
     m = re.search(r"Mean +KLD:\s*([-\d.]+)\s*±\s*([\d.]+)", log)
     if m:
         res.kld, res.kld_err = float(m.group(1)), float(m.group(2))
