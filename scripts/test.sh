@@ -1,6 +1,18 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (setting up first, which is a no-op when nothing changed).
+# The GPU backends: the Vulkan build that tests/test_vulkan.py runs on lavapipe, and the CUDA
+# compile check (nvcc, no GPU). PYTURBO_SKIP_GPU_BACKENDS=1 leaves both out (the Vulkan tests
+# then skip, except under CI=true).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t0=$(date +%s)
 bash scripts/setup.sh
-python3 -m pytest -q -ra tests "$@"
+t1=$(date +%s)
+if [ "${PYTURBO_SKIP_GPU_BACKENDS:-0}" != 1 ]; then
+    bash scripts/setup_vulkan.sh
+    t2=$(date +%s)
+    bash scripts/cuda_compile_check.sh
+    t3=$(date +%s)
+    echo "test.sh: setup $((t1 - t0)) s, Vulkan build $((t2 - t1)) s, CUDA compile check $((t3 - t2)) s"
+fi
+python3 -m pytest -q -ra --durations=15 tests "$@"

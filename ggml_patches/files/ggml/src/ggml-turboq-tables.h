@@ -7,7 +7,12 @@
 #define TURBOQ_GROUP 128
 #define TURBOQ_INV_SQRT_GROUP 8.838834614e-02f
 
-static const float turboq_sign1[128] = {
+// CUDA includes this with TURBOQ_TABLE defined as `static __constant__ const`
+#ifndef TURBOQ_TABLE
+#define TURBOQ_TABLE static const
+#endif
+
+TURBOQ_TABLE float turboq_sign1[128] = {
     +1.0f, -1.0f, -1.0f, +1.0f, -1.0f, -1.0f, +1.0f, -1.0f, -1.0f, +1.0f, +1.0f, -1.0f, -1.0f, +1.0f, +1.0f, -1.0f,
     -1.0f, +1.0f, +1.0f, +1.0f, +1.0f, +1.0f, +1.0f, -1.0f, -1.0f, +1.0f, +1.0f, +1.0f, +1.0f, -1.0f, +1.0f, -1.0f,
     -1.0f, +1.0f, +1.0f, -1.0f, -1.0f, +1.0f, -1.0f, +1.0f, +1.0f, -1.0f, -1.0f, +1.0f, +1.0f, +1.0f, -1.0f, -1.0f,
@@ -18,7 +23,7 @@ static const float turboq_sign1[128] = {
     -1.0f, +1.0f, -1.0f, -1.0f, -1.0f, +1.0f, -1.0f, +1.0f, +1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f
 };
 
-static const float turboq_sign2[128] = {
+TURBOQ_TABLE float turboq_sign2[128] = {
     +1.0f, -1.0f, -1.0f, -1.0f, -1.0f, +1.0f, +1.0f, -1.0f, -1.0f, +1.0f, +1.0f, -1.0f, -1.0f, +1.0f, -1.0f, +1.0f,
     -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, +1.0f, +1.0f, -1.0f, -1.0f, -1.0f, +1.0f, +1.0f, -1.0f, +1.0f,
     +1.0f, -1.0f, +1.0f, -1.0f, +1.0f, -1.0f, +1.0f, +1.0f, -1.0f, +1.0f, -1.0f, +1.0f, -1.0f, -1.0f, -1.0f, -1.0f,
@@ -30,31 +35,31 @@ static const float turboq_sign2[128] = {
 };
 
 // 4 levels; E||u - Q(u)||^2 = 0.116000 for a unit vector
-static const float turboq2_centroids[4] = {
+TURBOQ_TABLE float turboq2_centroids[4] = {
     -1.330421418e-01f, -3.999189660e-02f, 3.999189660e-02f, 1.330421418e-01f
 };
-static const float turboq2_thresholds[3] = {
+TURBOQ_TABLE float turboq2_thresholds[3] = {
     -8.651701361e-02f, 0.000000000e+00f, 8.651701361e-02f
 };
 
 // 8 levels; E||u - Q(u)||^2 = 0.033966 for a unit vector
-static const float turboq3_centroids[8] = {
+TURBOQ_TABLE float turboq3_centroids[8] = {
     -1.884007603e-01f, -1.181439683e-01f, -6.658912450e-02f, -2.160569280e-02f,
     2.160569280e-02f, 6.658912450e-02f, 1.181439683e-01f, 1.884007603e-01f
 };
-static const float turboq3_thresholds[7] = {
+TURBOQ_TABLE float turboq3_thresholds[7] = {
     -1.532723606e-01f, -9.236654639e-02f, -4.409740865e-02f, 0.000000000e+00f,
     4.409740865e-02f, 9.236654639e-02f, 1.532723606e-01f
 };
 
 // 16 levels; E||u - Q(u)||^2 = 0.009315 for a unit vector
-static const float turboq4_centroids[16] = {
+TURBOQ_TABLE float turboq4_centroids[16] = {
     -2.376839966e-01f, -1.808588803e-01f, -1.418284029e-01f, -1.103107482e-01f,
     -8.284912258e-02f, -5.778926983e-02f, -3.416303545e-02f, -1.130670868e-02f,
     1.130670868e-02f, 3.416303545e-02f, 5.778926983e-02f, 8.284912258e-02f,
     1.103107482e-01f, 1.418284029e-01f, 1.808588803e-01f, 2.376839966e-01f
 };
-static const float turboq4_thresholds[15] = {
+TURBOQ_TABLE float turboq4_thresholds[15] = {
     -2.092714310e-01f, -1.613436341e-01f, -1.260695755e-01f, -9.657993168e-02f,
     -7.031919807e-02f, -4.597615451e-02f, -2.273487300e-02f, 0.000000000e+00f,
     2.273487300e-02f, 4.597615451e-02f, 7.031919807e-02f, 9.657993168e-02f,
@@ -62,7 +67,7 @@ static const float turboq4_thresholds[15] = {
 };
 
 // uniform grid (i - 127.5) / 127.5; E||u - Q(u)||^2 ~= 4.051e-05 for a unit vector
-static const float turboq8_centroids[256] = {
+TURBOQ_TABLE float turboq8_centroids[256] = {
     -1.000000000e+00f, -9.921568632e-01f, -9.843137264e-01f, -9.764705896e-01f,
     -9.686274529e-01f, -9.607843161e-01f, -9.529411793e-01f, -9.450980425e-01f,
     -9.372549057e-01f, -9.294117689e-01f, -9.215686321e-01f, -9.137254953e-01f,

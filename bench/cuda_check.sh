@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# TurboQuant CUDA check on a GPU machine (made for the lent H200: 16 cores, no network).
+#
+# Two steps:
+#   1. here (with network/cache):  bench/cuda_check.sh prepare
+#        packs the patched upstream tree (no .git/docs/models) and the small test models into
+#        build/cuda-carry/ (~30 MB; the `run` tool carries at most 64 MiB: carry ["build/cuda-carry"]).
+#        The 253 MB Gemma 3 270M gguf does not fit; pass MODEL_CARRY=<gguf> to pack another one.
+#   2. on the GPU machine, from the repo root:  bench/cuda_check.sh
+#        configure + build test-backend-ops and llama-bench (-j16), run test-backend-ops on CUDA0
+#        (SET_ROWS, GET_ROWS, CPY, FLASH_ATTN_EXT; fails unless CUDA0 ran N/N tests with N > 0),
+#        then llama-bench -fa 1 -d 0,8192,32768 for -ctk/-ctv f16 q8_0 q4_0 turboq4 turboq3.
+#
+# Environment (step 2):
+#   PYTURBO_UPSTREAM_DIR  patched llama.cpp tree (default: build/upstream/llama.cpp, else the
+#                         carried build/cuda-carry/upstream.tar.gz, else upstream-wt/)
+#   MODEL                 gguf for llama-bench (default: `python3 -m pyturbo model-path`, else the
+#                         carried models in build/cuda-carry/*.gguf); all found models are benched
+#   OUT                   results folder (default: build-cuda/out)
+#   BUDGET_S              total seconds (default 570): benches that would overrun are skipped
+#   BENCH_DEPTHS          default 0,8192,32768;  BENCH_REPS default 2;  BENCH_TYPES default "f16 q8_0 q4_0 turboq4 turboq3"
+#   TURBOQ_FILTER         test-backend-ops -p regex for the turboq cases (default: turboq)
+#   JOBS                  build parallelism (default: nproc)
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+CARRY="$ROOT/build/cuda-carry"
+
+# ---------------------------------------------------------------- step 1: prepare (local)
+if [ "${1:-}" = "prepare" ]; then
+    set -e
+    UP=${PYTURBO_UPSTREAM_DIR:-}
+    if [ -z "$UP" ]; then
+        for c in build/upstream/llama.cpp upstream-wt; do
+            [ -f "$c/ggml/src/ggml-cuda/turboq.cu" ] && { UP=$c; break; }
+        done
+    fi
+    [ -n "$UP" ] && [ -f "$UP/ggml/src/ggml-cuda/turboq.cu" ] || { echo "prepare: no patched upstream tree (set PYTURBO_UPSTREAM_DIR)"; exit 1; }
+    mkdir -p "$CARRY"
+    rm -f "$CARRY"/upstream.tar.gz "$CARRY"/*.gguf
+    tar -C "$UP" -czf "$CARRY/upstream.tar.gz" \
+        --exclude=.git --exclude=./docs --exclude='*.gguf' --exclude='*.png' --exclude='*.jpg' \
+        --exclude='./tools/ui/node_modules' --exclude='./build*' .
+    for m in ${MODEL_CARRY:-$(ls "$HOME"/.cache/pyturbo/tiny-llama-hd128-*.gguf 2>/dev/null | head -n 1)}; do
+        cp "$m" "$CARRY/"
+    done
+    du -sh "$CARRY" "$CARRY"/*
+    total=$(du -sm "$CARRY" | cut -f1)
+    [ "$total" -lt 64 ] || echo "prepare: WARNING: $total MiB is over the 64 MiB carry limit"
+    echo "prepare: done; run on the device with carry [\"build/cuda-carry\"] and command: bench/cuda_check.sh"
+    exit 0
+fi
+
+# ---------------------------------------------------------------- step 2: device
+T0=$(date +%s)
+BUDGET_S=${BUDGET_S:-570}
+OUT=${OUT:-$ROOT/build-cuda/out}
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+FAIL=0
+JOBS=${JOBS:-$(nproc)}
+BDIR=build-cuda
+
+say()     { echo "[cuda-check] $*" | tee -a "$SUMMARY"; }
+elapsed() { echo $(( $(date +%s) - T0 )); }
+left()    { echo $(( BUDGET_S - $(date +%s) + T0 )); }
+
+say "start $(date -u +%FT%TZ) on $(hostname), $(nproc) cores"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/[cuda-check] gpu: /' | tee -a "$SUMMARY"
+
+# -- the patched upstream tree
+UP=${PYTURBO_UPSTREAM_DIR:-}
+if [ -z "$UP" ]; then
+    if [ -f build/upstream/llama.cpp/ggml/src/ggml-cuda/turboq.cu ]; then
+        UP=build/upstream/llama.cpp
+    elif [ -f "$CARRY/upstream.tar.gz" ]; then
+        UP=build-cuda-src/llama.cpp
+        if [ ! -f "$UP/ggml/src/ggml-cuda/turboq.cu" ]; then
+            mkdir -p "$UP" && tar -C "$UP" -xzf "$CARRY/upstream.tar.gz"
+        fi
+    elif [ -f upstream-wt/ggml/src/ggml-cuda/turboq.cu ]; then
+        UP=upstream-wt
+    fi
+fi
+if [ -z "$UP" ] || [ ! -f "$UP/ggml/src/ggml-cuda/turboq.cu" ]; then
+    say "FAIL: no patched upstream tree (run 'bench/cuda_check.sh prepare' here and carry build/cuda-carry)"
+    exit 1
+fi
+UP=$(cd "$UP" && pwd)
+say "upstream: $UP"
+
+# -- toolchain and cuBLAS
+NVCC=${CUDACXX:-$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)}
+[ -n "$NVCC" ] || { say "FAIL: nvcc not found"; exit 1; }
+say "nvcc: $NVCC ($("$NVCC" --version | grep release))"
+cuda_root=$(cd "$(dirname "$(readlink -f "$NVCC")")/.." && pwd)
+CUBLAS_ARGS=()
+have_cublas=0
+for d in "$cuda_root" "$cuda_root/targets/x86_64-linux" /usr/local/cuda /usr; do
+    if [ -f "$d/include/cublas_v2.h" ] && ls "$d"/lib*/libcublas.so* >/dev/null 2>&1; then
+        have_cublas=1; say "cuBLAS: toolkit ($d)"; break
+    fi
+done
+if [ "$have_cublas" = 0 ]; then
+    # only what is already on the machine: a wheel file, or pip's cache (no network here)
+    WD="$ROOT/build-cuda-cublas"
+    whl=$(find "$HOME/.cache" /opt /tmp -name 'nvidia_cublas*.whl' 2>/dev/null | head -n 1 || true)
+    if [ -n "$whl" ]; then
+        say "cuBLAS: not in the toolkit; using the wheel $whl"
+        python3 -m pip install --quiet --no-deps --no-index --target "$WD" "$whl" >> "$OUT/cublas.log" 2>&1 || true
+    else
+        say "cuBLAS: not in the toolkit; trying pip (cache only, no network)"
+        timeout 120 python3 -m pip install --quiet --no-deps --target "$WD" nvidia-cublas >> "$OUT/cublas.log" 2>&1 || true
+    fi
+    CUB=$(ls -d "$WD"/nvidia/cu*/ "$WD"/nvidia/cublas/ 2>/dev/null | head -n 1 || true)
+    CUB=${CUB%/}
+    if [ -z "$CUB" ] || [ ! -f "$CUB/include/cublas_v2.h" ]; then
+        say "FAIL: no cuBLAS (toolkit lacks it and no cached nvidia-cublas wheel; see $OUT/cublas.log)"
+        exit 1
+    fi
+    for lib in cublas cublasLt; do
+        [ -e "$CUB/lib/lib$lib.so" ] || ln -sf "$(basename "$(ls "$CUB"/lib/lib$lib.so.* | head -n 1)")" "$CUB/lib/lib$lib.so"
+    done
+    export LD_LIBRARY_PATH="$CUB/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    say "cuBLAS: from the nvidia-cublas wheel at $CUB"
+    CUBLAS_ARGS=(-DCUDA_cublas_LIBRARY="$CUB/lib/libcublas.so" -DCUDA_cublasLt_LIBRARY="$CUB/lib/libcublasLt.so"
+                 -DCMAKE_CUDA_FLAGS="-I$CUB/include" -DCMAKE_CXX_FLAGS="-I$CUB/include")
+fi
+
+# -- configure and build
+GEN=()
+command -v ninja >/dev/null && [ ! -f "$BDIR/CMakeCache.txt" ] && GEN=(-G Ninja)
+LAUNCH=()
+command -v ccache >/dev/null && LAUNCH=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+t=$(date +%s)
+if ! cmake -S "$ROOT" -B "$BDIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_DIR="$UP" \
+        -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$NVCC" \
+        "${LAUNCH[@]}" "${CUBLAS_ARGS[@]}" > "$OUT/configure.log" 2>&1; then
+    tail -n 30 "$OUT/configure.log"; say "FAIL: configure (see configure.log)"; exit 1
+fi
+say "configure: $(( $(date +%s) - t )) s"
+t=$(date +%s)
+if ! cmake --build "$BDIR" -j "$JOBS" --target test-backend-ops llama-bench > "$OUT/build.log" 2>&1; then
+    grep -E "error" "$OUT/build.log" | head -n 40; say "FAIL: build (see build.log)"; exit 1
+fi
+say "build: $(( $(date +%s) - t )) s"
+BIN="$BDIR/bin"
+
+# -- test-backend-ops on CUDA0
+tbo() { # name, args...
+    local name=$1; shift
+    local log="$OUT/tbo-$name.log"
+    timeout 300 "$BIN/test-backend-ops" -b CUDA0 "$@" > "$log" 2>&1
+    local rc=$?
+    local clean
+    clean=$(sed 's/\x1b\[[0-9;]*m//g' "$log")
+    local passed total
+    passed=$(echo "$clean" | sed -n 's/^ *\([0-9]*\)\/\([0-9]*\) tests passed.*/\1/p' | tail -n 1)
+    total=$(echo "$clean" | sed -n 's/^ *\([0-9]*\)\/\([0-9]*\) tests passed.*/\2/p' | tail -n 1)
+    if [ "$rc" = 0 ] && echo "$clean" | grep -q "Backend CUDA0: OK" && [ -n "$total" ] && [ "$total" -gt 0 ] && [ "$passed" = "$total" ]; then
+        say "PASS test-backend-ops $name: $passed/$total on CUDA0"
+    else
+        say "FAIL test-backend-ops $name: rc=$rc, ${passed:-?}/${total:-?} tests passed (CUDA0 must run N/N, N > 0; see $(basename "$log"))"
+        echo "$clean" | grep -E "FAIL|not supported|error" | head -n 10 | sed 's/^/    /' | tee -a "$SUMMARY"
+        FAIL=1
+    fi
+}
+TQF=${TURBOQ_FILTER:-turboq}
+tbo set_rows        -o SET_ROWS
+tbo set_rows-turboq -o SET_ROWS -p "$TQF"
+tbo get_rows        -o GET_ROWS
+tbo get_rows-turboq -o GET_ROWS -p "$TQF"
+tbo cpy             -o CPY
+tbo cpy-turboq      -o CPY -p "$TQF"
+tbo fa-turboq       -o FLASH_ATTN_EXT -p "$TQF"
+
+# -- llama-bench
+MODELS=()
+if [ -n "${MODEL:-}" ]; then
+    MODELS=("$MODEL")
+else
+    m=$(python3 -m pyturbo model-path 2>/dev/null | tail -n 1 || true)
+    [ -n "$m" ] && [ -f "$m" ] && MODELS+=("$m")
+    for m in "$CARRY"/*.gguf; do [ -f "$m" ] && MODELS+=("$m"); done
+fi
+if [ "${#MODELS[@]}" = 0 ]; then
+    say "SKIP llama-bench: no model (set MODEL, or carry one via 'prepare')"
+fi
+DEPTHS=${BENCH_DEPTHS:-0,8192,32768}
+REPS=${BENCH_REPS:-2}
+for m in "${MODELS[@]}"; do
+    base=$(basename "$m" .gguf)
+    for ty in ${BENCH_TYPES:-f16 q8_0 q4_0 turboq4 turboq3}; do
+        budget=$(left)
+        if [ "$budget" -lt 20 ]; then
+            say "SKIP llama-bench $base $ty: time budget spent ($(elapsed) s)"
+            continue
+        fi
+        log="$OUT/bench-$base-$ty"
+        timeout "$budget" "$BIN/llama-bench" -m "$m" -ngl 99 -fa 1 -d "$DEPTHS" -r "$REPS" -ctk "$ty" -ctv "$ty" -o md \
+            > "$log.md" 2> "$log.log"
+        rc=$?
+        if [ "$rc" = 0 ]; then
+            say "bench $base $ty:"
+            grep -E "^\|" "$log.md" | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
+            grep -E "^\|" "$log.md" | sed 's/^/    /'
+        else
+            say "FAIL llama-bench $base $ty: rc=$rc (see $(basename "$log").log)"
+            tail -n 5 "$log.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+            FAIL=1
+        fi
+    done
+done
+
+say "done in $(elapsed) s: $([ "$FAIL" = 0 ] && echo PASS || echo FAIL)"
+exit "$FAIL"

@@ -1,0 +1,126 @@
+// TurboQuant codec for the Vulkan shaders: the steps and the float order of ggml-turboq.c.
+// `precise` keeps the compiler from fusing a multiply into an add where the C code rounds between
+// them, so a CPU Vulkan driver reproduces the CPU blocks.
+#if !defined(GGML_TURBOQ_GLSL)
+#define GGML_TURBOQ_GLSL
+
+#include "turboq_tables.glsl"
+
+#define TQ_SIGN1(i) ((((turboq_sign1_bits[(i) >> 5u] >> ((i) & 31u)) & 1u) != 0u) ? -1.0 : 1.0)
+#define TQ_SIGN2(i) ((((turboq_sign2_bits[(i) >> 5u] >> ((i) & 31u)) & 1u) != 0u) ? -1.0 : 1.0)
+
+float turboq_centroid(const uint type, const uint q) {
+    switch (type) {
+        case GGML_TYPE_TURBOQ2_0: return turboq2_centroids[q];
+        case GGML_TYPE_TURBOQ3_0: return turboq3_centroids[q];
+        case GGML_TYPE_TURBOQ4_0: return turboq4_centroids[q];
+        default:                  return turboq8_centroids[q];
+    }
+}
+
+// unnormalised Walsh-Hadamard butterflies, h = 1..64 as in the C code
+void turboq_fwht(inout float x[128]) {
+    for (uint h = 1; h < 128; h <<= 1) {
+        for (uint i = 0; i < 128; i += 2 * h) {
+            for (uint j = i; j < i + h; ++j) {
+                const float a = x[j];
+                const float b = x[j + h];
+                x[j]     = a + b;
+                x[j + h] = a - b;
+            }
+        }
+    }
+}
+
+// x = D1.H.D2.x/sqrt(128) * scale
+void turboq_unrotate_scaled(inout float x[128], const float scale) {
+    precise const float k = scale * TURBOQ_INV_SQRT_GROUP;
+    for (uint i = 0; i < 128; ++i) x[i] = x[i] * TQ_SIGN2(i);
+    turboq_fwht(x);
+    for (uint i = 0; i < 128; ++i) {
+        precise const float t = x[i] * k;
+        x[i] = t * TQ_SIGN1(i);
+    }
+}
+
+// destroys t
+float turboq_tree_sum(inout float t[128]) {
+    for (uint h = 64; h > 0; h >>= 1) {
+        for (uint i = 0; i < h; ++i) {
+            t[i] = t[i] + t[i + h];
+        }
+    }
+    return t[0];
+}
+
+// Encodes the group v (destroyed): fills idx, returns the corrected norm (see ggml-turboq.c).
+float turboq_encode(const uint type, inout float v[128], out uint idx[128]) {
+    float amax = 0.0;
+    bool finite = true;
+    for (uint i = 0; i < 128; ++i) {
+        finite = finite && !isnan(v[i]) && !isinf(v[i]);
+        amax = max(amax, abs(v[i]));
+    }
+    if (!finite || amax == 0.0) {
+        for (uint i = 0; i < 128; ++i) idx[i] = 0;
+        return 0.0;
+    }
+
+    float t[128];
+    for (uint i = 0; i < 128; ++i) v[i] = v[i] / amax;
+    for (uint i = 0; i < 128; ++i) {
+        precise const float sq = v[i] * v[i];
+        t[i] = sq;
+    }
+    const float r = sqrt(turboq_tree_sum(t));
+    for (uint i = 0; i < 128; ++i) v[i] = v[i] / r;
+
+    for (uint i = 0; i < 128; ++i) v[i] = v[i] * TQ_SIGN1(i);
+    turboq_fwht(v);
+    for (uint i = 0; i < 128; ++i) {
+        precise const float y = v[i] * TURBOQ_INV_SQRT_GROUP;
+        v[i] = y * TQ_SIGN2(i);
+    }
+
+    if (type == GGML_TYPE_TURBOQ8_0) {
+        float ya = 0.0;
+        for (uint i = 0; i < 128; ++i) ya = max(ya, abs(v[i]));
+        const float s = 127.5 / ya;
+        for (uint i = 0; i < 128; ++i) {
+            precise const float p = v[i] * s;
+            precise const float q = floor(p + 128.0);
+            idx[i] = uint(clamp(q, 0.0, 255.0));
+        }
+    } else {
+        for (uint i = 0; i < 128; ++i) {
+            uint q = 0;
+            switch (type) {
+                case GGML_TYPE_TURBOQ2_0: for (uint k = 0; k < 3;  ++k) q += turboq2_thresholds[k] < v[i] ? 1 : 0; break;
+                case GGML_TYPE_TURBOQ3_0: for (uint k = 0; k < 7;  ++k) q += turboq3_thresholds[k] < v[i] ? 1 : 0; break;
+                default:                  for (uint k = 0; k < 15; ++k) q += turboq4_thresholds[k] < v[i] ? 1 : 0; break;
+            }
+            idx[i] = q;
+        }
+    }
+
+    for (uint i = 0; i < 128; ++i) {
+        const float c = turboq_centroid(type, idx[i]);
+        precise const float c2 = c * c;
+        t[i] = c2;
+    }
+    const float cn = sqrt(turboq_tree_sum(t));
+    precise const float an = amax * r;
+    return min(an / cn, 65504.0);
+}
+
+#if defined(DATA_A_TURBOQ)
+// Decodes block ib of data_a into the original domain.
+void turboq_decode_a(const uint ib, out float x[128]) {
+    for (uint i = 0; i < 128; ++i) {
+        x[i] = turboq_centroid(TQ_TYPE, TQ_IDX(data_a[ib], i));
+    }
+    turboq_unrotate_scaled(x, float(data_a[ib].norm));
+}
+#endif
+
+#endif

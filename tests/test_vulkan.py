@@ -1,0 +1,107 @@
+"""The Vulkan backend, run on Mesa's software driver (lavapipe), against the CPU backend.
+
+test-backend-ops compares every turboq case on Vulkan0 with the CPU backend (its own NMSE
+tolerances), and llama-perplexity -ngl 99 with turboq3 K/V must give the CPU's logits.
+
+build-vulkan/ comes from scripts/setup_vulkan.sh, which scripts/test.sh runs. Without it these
+tests skip, except under CI (CI=true) or PYTURBO_REQUIRE_VULKAN=1, where they fail: a run that did
+not exercise Vulkan0 must not pass.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pyturbo import data
+from pyturbo._paths import REPO_ROOT, cache_dir
+from pyturbo.llamacpp import perplexity
+
+VK_BUILD = Path(os.environ.get("PYTURBO_VULKAN_BUILD_DIR") or REPO_ROOT / "build-vulkan").resolve()
+REQUIRED = os.environ.get("CI") == "true" or os.environ.get("PYTURBO_REQUIRE_VULKAN") == "1"
+
+# Tolerances of the end-to-end check: the same cache bytes and the same rotated-domain attention,
+# so only float summation order differs between the backends.
+PPL_REL_TOL = 0.001
+KLD_TOL = 1e-4
+
+
+def vk_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # lavapipe is a CPU device, which ggml-vulkan hides unless it is named
+    env["GGML_VK_VISIBLE_DEVICES"] = "0"
+    # lavapipe JIT-compiles each pipeline; its disk cache keeps reruns fast (outside the clone)
+    env.setdefault("MESA_SHADER_CACHE_DIR", str(cache_dir() / "mesa-shader-cache"))
+    env["LD_LIBRARY_PATH"] = str(VK_BUILD / "bin") + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    return env
+
+
+@pytest.fixture(scope="module")
+def vk_bin() -> Path:
+    exe = VK_BUILD / "bin" / "test-backend-ops"
+    if not exe.exists():
+        msg = f"{exe} is missing: run scripts/setup_vulkan.sh"
+        if REQUIRED:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    r = subprocess.run([str(exe), "-b", "Vulkan0", "-o", "SET_ROWS", "-p", "turboq3"], env=vk_env(),
+                       capture_output=True, text=True, timeout=600)
+    if "Backend 1/2: Vulkan0" not in r.stdout:
+        msg = f"no Vulkan0 device (lavapipe: scripts/setup_vulkan_deps.sh):\n{r.stdout[-2000:]}{r.stderr[-2000:]}"
+        if REQUIRED:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return VK_BUILD / "bin"
+
+
+def backend_ops(vk_bin: Path, op: str, pattern: str, timeout: float = 1800) -> int:
+    """Runs test-backend-ops on Vulkan0; returns the number of cases that ran and passed."""
+    r = subprocess.run([str(vk_bin / "test-backend-ops"), "-b", "Vulkan0", "-o", op, "-p", pattern],
+                       env=vk_env(), capture_output=True, text=True, timeout=timeout)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    assert "Backend 1/2: Vulkan0" in out and "Backend Vulkan0: \x1b[1;32mOK" in out, out[-6000:]
+    # a case the backend does not claim would run on the CPU in a real graph: none allowed
+    unsupported = [line for line in out.splitlines() if "not supported" in line]
+    assert not unsupported, "\n".join(unsupported[:20])
+    m = re.search(r"(\d+)/(\d+) tests passed", out)
+    assert m and m.group(1) == m.group(2), out[-6000:]
+    return int(m.group(2))
+
+
+@pytest.mark.parametrize("op, n_cases", [("SET_ROWS", 12), ("GET_ROWS", 8), ("CPY", 16)])
+def test_turboq_cache_ops_on_vulkan(vk_bin, op, n_cases):
+    assert backend_ops(vk_bin, op, "turboq") == n_cases
+
+
+def test_turboq_flash_attention_on_vulkan_hs128(vk_bin):
+    # every turboq type as K and as V (with itself, f16 and q8_0 on the other side), decode and a
+    # batch of 8, 4 query heads per KV head: 4 types x 5 pairs x 2 shapes
+    assert backend_ops(vk_bin, "FLASH_ATTN_EXT", "hsk=128,.*turboq") == 40
+
+
+def test_turboq_perplexity_vulkan_matches_cpu(vk_bin, tmp_path, monkeypatch):
+    model = data.tiny_model(head_dim=128)
+    text = data.corpus_slice(12000)
+    monkeypatch.setenv("PYTURBO_BUILD_DIR", str(VK_BUILD))
+    for k, v in vk_env().items():
+        monkeypatch.setenv(k, v)
+    base = tmp_path / "cpu-turboq3.kld"
+    f16_base = tmp_path / "cpu-f16.kld"
+    run = dict(ctx=256, chunks=4, threads=2)
+    cpu_f16 = perplexity(model, text, "f16", "f16", kld_base=f16_base, write_base=True, extra=("-ngl", "0"), **run)
+    cpu = perplexity(model, text, "turboq3", "turboq3", kld_base=base, write_base=True, extra=("-ngl", "0"), **run)
+    vk = perplexity(model, text, "turboq3", "turboq3", kld_base=base, extra=("-ngl", "99"), **run)
+    # turboq3 against f16 on the CPU: the check below is tight enough to see a cache type change
+    cpu_vs_f16 = perplexity(model, text, "turboq3", "turboq3", kld_base=f16_base, extra=("-ngl", "0"), **run)
+
+    assert "offloaded 3/3 layers to GPU" in vk.log, vk.log[-3000:]
+    assert re.search(r"Vulkan0 KV buffer size", vk.log), vk.log[-3000:]
+    print(f"\nPPL f16 CPU {cpu_f16.ppl:.4f} | turboq3 CPU {cpu.ppl:.4f} | turboq3 Vulkan {vk.ppl:.4f}"
+          f" | KLD Vulkan vs CPU {vk.kld:.3g} | KLD turboq3 vs f16 (CPU) {cpu_vs_f16.kld:.3g}")
+    assert abs(vk.ppl / cpu.ppl - 1) < PPL_REL_TOL
+    assert vk.kld is not None and vk.kld < KLD_TOL
+    assert cpu_vs_f16.kld > 10 * KLD_TOL
