@@ -14,7 +14,7 @@
 #   CUDA_CHECK_ARCH       CMAKE_CUDA_ARCHITECTURES (default: 90)
 #   CUDA_CHECK_OBJECTS    space-separated .cu paths relative to ggml/src/ggml-cuda (default: the turboq set)
 #   CUBLAS_DIR            a cuBLAS root with include/ and lib/ (default: the toolkit's, else the
-#                         nvidia-cublas wheel installed with pip into $CUDA_CHECK_BUILD/cublas-wheel)
+#                         nvidia-cublas wheel installed with pip into ~/.cache/pyturbo/nvidia-cublas-wheel)
 #   CUBLAS_PIP_SPEC       the pip requirement tried first (default nvidia-cublas==13.1.1.3)
 # The machine needs nvcc; nothing is run on a GPU. Idempotent: re-running reuses the build dir and ccache.
 set -euo pipefail
@@ -77,7 +77,8 @@ elif CUB=$(cublas_root "$nvcc_root" "$nvcc_root/targets/x86_64-linux" /usr/local
     log "cuBLAS from the toolkit: $CUB"
     CUB=""
 else
-    WHEEL_DIR="$BDIR/cublas-wheel"
+    # outside the clone: the wheel is ~570 MB, and a fresh clone should not fetch it again
+    WHEEL_DIR="${PYTURBO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pyturbo}/nvidia-cublas-wheel"
     CUB=$(ls -d "$WHEEL_DIR"/nvidia/cu*/ "$WHEEL_DIR"/nvidia/cublas/ 2>/dev/null | head -n 1 || true)
     CUB=${CUB%/}
     if [ -z "$CUB" ] || [ ! -f "$CUB/include/cublas_v2.h" ]; then

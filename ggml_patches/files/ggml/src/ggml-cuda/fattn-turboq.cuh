@@ -420,7 +420,8 @@ static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_
     }
     nsplit = std::min(nsplit, 65535 / std::max(1, p.ne03));
     int kv_per_split = (n_kv + nsplit - 1) / nsplit;
-    kv_per_split = (kv_per_split + TQ_FA_CHUNK - 1) / TQ_FA_CHUNK * TQ_FA_CHUNK;
+    // at least one chunk: n_kv == 0 would otherwise divide by zero below (the output is then 0, as on the CPU)
+    kv_per_split = std::max(TQ_FA_CHUNK, (kv_per_split + TQ_FA_CHUNK - 1) / TQ_FA_CHUNK * TQ_FA_CHUNK);
     nsplit = (n_kv + kv_per_split - 1) / kv_per_split;
     nsplit = std::max(nsplit, 1);
     p.nsplit       = nsplit;
