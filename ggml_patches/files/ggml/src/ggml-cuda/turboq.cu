@@ -1,0 +1,449 @@
+// CUDA kernels for the TurboQuant KV-cache types (pyturbo): SET_ROWS / CPY quantization,
+// GET_ROWS / CPY / contiguous dequantization, and the flash-attention dispatch.
+// Device helpers: turboq.cuh; flash-attention kernels: fattn-turboq.cuh.
+
+#include "turboq-device.cuh"
+#include "fattn-turboq.cuh"
+#include "convert.cuh"
+
+#define TQ_WARPS_PER_BLOCK 4
+
+// ---- quantization ----
+
+// SET_ROWS: one warp per 128-group of src0 (f32 or f16, rows contiguous).
+template <ggml_type type, typename src_t, typename idx_t>
+static __global__ void k_tq_set_rows(
+        const char * __restrict__ src0, const idx_t * __restrict__ src1, char * __restrict__ dst,
+        const int64_t n_groups, const int64_t ng0, const int64_t ne01, const int64_t ne02,
+        const int64_t ne11, const int64_t ne12,
+        const int64_t nb01, const int64_t nb02, const int64_t nb03,
+        const int64_t s10, const int64_t s11, const int64_t s12,
+        const int64_t nb1, const int64_t nb2, const int64_t nb3) {
+    __shared__ tq_smem_tables<type> tables;
+    const int lane = threadIdx.x;
+    tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
+    __syncthreads();
+
+    const int64_t g = (int64_t) blockIdx.x*TQ_WARPS_PER_BLOCK + threadIdx.y;
+    if (g >= n_groups) {
+        return;
+    }
+    int64_t r = g / ng0;
+    const int64_t ig0 = g - r*ng0;
+    const int64_t i01 = r % ne01; r /= ne01;
+    const int64_t i02 = r % ne02;
+    const int64_t i03 = r / ne02;
+    const int64_t i11 = i02 % ne11;
+    const int64_t i12 = i03 % ne12;
+
+    const int64_t dst_row = (int64_t) src1[i01*s10 + i11*s11 + i12*s12];
+
+    const src_t * x = (const src_t *) (src0 + i01*nb01 + i02*nb02 + i03*nb03) + ig0*TURBOQ_GROUP;
+    char * blk = dst + dst_row*nb1 + i02*nb2 + i03*nb3 + ig0*(int64_t) sizeof(typename tq_traits<type>::block);
+
+    float v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        v[k] = ggml_cuda_cast<float>(x[32*k + lane]);
+    }
+    tq_encode_group<type>(v, blk, lane, tables);
+}
+
+// byte offset of flat element index i in a tensor with the given shape and strides
+static __device__ __forceinline__ int64_t tq_offset(int64_t i, const int64_t ne0, const int64_t ne1, const int64_t ne2,
+        const int64_t nb0, const int64_t nb1, const int64_t nb2, const int64_t nb3) {
+    const int64_t i0 = i % ne0; i /= ne0;
+    const int64_t i1 = i % ne1; i /= ne1;
+    const int64_t i2 = i % ne2;
+    const int64_t i3 = i / ne2;
+    return i0*nb0 + i1*nb1 + i2*nb2 + i3*nb3;
+}
+
+struct tq_nd {
+    int64_t ne0, ne1, ne2;
+    int64_t nb0, nb1, nb2, nb3;
+};
+
+static tq_nd tq_nd_of(const ggml_tensor * t) {
+    return { t->ne[0], t->ne[1], t->ne[2], (int64_t) t->nb[0], (int64_t) t->nb[1], (int64_t) t->nb[2], (int64_t) t->nb[3] };
+}
+
+static tq_nd tq_nd_contiguous(const int64_t k, const size_t type_size) {
+    return { k, 1, 1, (int64_t) type_size, (int64_t) type_size*k, (int64_t) type_size*k, (int64_t) type_size*k };
+}
+
+// CPY f32/f16 -> turboq, any src layout (elements in ggml_nelements order).
+template <ggml_type type, typename src_t>
+static __global__ void k_tq_quantize_nd(const char * __restrict__ src, char * __restrict__ dst, const int64_t n_groups, const tq_nd s, const tq_nd d) {
+    __shared__ tq_smem_tables<type> tables;
+    const int lane = threadIdx.x;
+    tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
+    __syncthreads();
+
+    const int64_t g = (int64_t) blockIdx.x*TQ_WARPS_PER_BLOCK + threadIdx.y;
+    if (g >= n_groups) {
+        return;
+    }
+    const int64_t i = g*TURBOQ_GROUP;
+    // turboq rows hold whole groups: d.nb0 is the block size, d.ne0 counts values
+    const int64_t i0 = i % d.ne0;
+    char * blk = dst + tq_offset(i - i0, d.ne0, d.ne1, d.ne2, 0, d.nb1, d.nb2, d.nb3) + (i0/TURBOQ_GROUP)*d.nb0;
+
+    float v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        v[k] = ggml_cuda_cast<float>(*(const src_t *) (src + tq_offset(i + 32*k + lane, s.ne0, s.ne1, s.ne2, s.nb0, s.nb1, s.nb2, s.nb3)));
+    }
+    tq_encode_group<type>(v, blk, lane, tables);
+}
+
+// ---- dequantization ----
+
+template <ggml_type type, typename dst_t>
+static __device__ __forceinline__ void tq_dequant_group(const char * __restrict__ blk, const int lane, const tq_smem_tables<type> & t, float (&x)[4]) {
+    const float norm = tq_decode_rotated<type>(blk, lane, t.lut, x);
+    tq_unrotate_scaled(x, norm, lane, t.sign1, t.sign2);
+}
+
+// CPY turboq -> f32/f16 (any dst layout) and contiguous conversion.
+template <ggml_type type, typename dst_t>
+static __global__ void k_tq_dequantize_nd(const char * __restrict__ src, char * __restrict__ dst, const int64_t n_groups, const tq_nd s, const tq_nd d) {
+    __shared__ tq_smem_tables<type> tables;
+    const int lane = threadIdx.x;
+    tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
+    __syncthreads();
+
+    const int64_t g = (int64_t) blockIdx.x*TQ_WARPS_PER_BLOCK + threadIdx.y;
+    if (g >= n_groups) {
+        return;
+    }
+    const int64_t i  = g*TURBOQ_GROUP;
+    const int64_t i0 = i % s.ne0;
+    const char * blk = src + tq_offset(i - i0, s.ne0, s.ne1, s.ne2, 0, s.nb1, s.nb2, s.nb3) + (i0/TURBOQ_GROUP)*s.nb0;
+
+    float x[4];
+    tq_dequant_group<type, dst_t>(blk, lane, tables, x);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        *(dst_t *) (dst + tq_offset(i + 32*k + lane, d.ne0, d.ne1, d.ne2, d.nb0, d.nb1, d.nb2, d.nb3)) = ggml_cuda_cast<dst_t>(x[k]);
+    }
+}
+
+// GET_ROWS: dst[:, i10, i11, i12] = src0[:, src1[i10, i11, i12], i11, i12]
+template <ggml_type type, typename dst_t>
+static __global__ void k_tq_get_rows(
+        const char * __restrict__ src0, const int32_t * __restrict__ src1, char * __restrict__ dst,
+        const int64_t ng0, const int64_t ne10,
+        const int64_t nb01, const int64_t nb02, const int64_t nb03,
+        const int64_t s10, const int64_t s11, const int64_t s12,
+        const int64_t nb1, const int64_t nb2, const int64_t nb3) {
+    __shared__ tq_smem_tables<type> tables;
+    const int lane = threadIdx.x;
+    tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
+    __syncthreads();
+
+    const int64_t g = (int64_t) blockIdx.x*TQ_WARPS_PER_BLOCK + threadIdx.y;
+    if (g >= ng0*ne10) {
+        return;
+    }
+    const int64_t i10 = g / ng0;
+    const int64_t ig0 = g - i10*ng0;
+    const int64_t i11 = blockIdx.y;
+    const int64_t i12 = blockIdx.z;
+
+    const int64_t i01 = src1[i10*s10 + i11*s11 + i12*s12];
+    const char * blk = src0 + i01*nb01 + i11*nb02 + i12*nb03 + ig0*(int64_t) sizeof(typename tq_traits<type>::block);
+    dst_t * y = (dst_t *) (dst + i10*nb1 + i11*nb2 + i12*nb3) + ig0*TURBOQ_GROUP;
+
+    float x[4];
+    tq_dequant_group<type, dst_t>(blk, lane, tables, x);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        y[32*k + lane] = ggml_cuda_cast<dst_t>(x[k]);
+    }
+}
+
+// ---- host side ----
+
+static dim3 tq_grid(const int64_t n_groups) {
+    const int64_t nb = (n_groups + TQ_WARPS_PER_BLOCK - 1) / TQ_WARPS_PER_BLOCK;
+    GGML_ASSERT(nb <= INT_MAX);
+    return dim3((unsigned int) nb, 1, 1);
+}
+
+#define TQ_TYPE_SWITCH(type, F, ...)                                        \
+    switch (type) {                                                         \
+        case GGML_TYPE_TURBOQ2_0: F<GGML_TYPE_TURBOQ2_0>(__VA_ARGS__); break; \
+        case GGML_TYPE_TURBOQ3_0: F<GGML_TYPE_TURBOQ3_0>(__VA_ARGS__); break; \
+        case GGML_TYPE_TURBOQ4_0: F<GGML_TYPE_TURBOQ4_0>(__VA_ARGS__); break; \
+        case GGML_TYPE_TURBOQ8_0: F<GGML_TYPE_TURBOQ8_0>(__VA_ARGS__); break; \
+        default: GGML_ABORT("not a turboq type: %s", ggml_type_name(type));   \
+    }
+
+template <ggml_type type, typename src_t, typename idx_t>
+static void tq_set_rows_launch(const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst, cudaStream_t stream) {
+    const int64_t ng0      = src0->ne[0] / TURBOQ_GROUP;
+    const int64_t n_groups = ng0*src0->ne[1]*src0->ne[2]*src0->ne[3];
+    if (n_groups == 0) {
+        return;
+    }
+    const size_t ts = ggml_type_size(src1->type);
+    k_tq_set_rows<type, src_t, idx_t><<<tq_grid(n_groups), dim3(WARP_SIZE, TQ_WARPS_PER_BLOCK, 1), 0, stream>>>(
+        (const char *) src0->data, (const idx_t *) src1->data, (char *) dst->data,
+        n_groups, ng0, src0->ne[1], src0->ne[2], src1->ne[1], src1->ne[2],
+        src0->nb[1], src0->nb[2], src0->nb[3],
+        src1->nb[0]/ts, src1->nb[1]/ts, src1->nb[2]/ts,
+        dst->nb[1], dst->nb[2], dst->nb[3]);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <ggml_type type>
+static void tq_set_rows_type(const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst, cudaStream_t stream) {
+    if (src0->type == GGML_TYPE_F16) {
+        if (src1->type == GGML_TYPE_I64) {
+            tq_set_rows_launch<type, half, int64_t>(src0, src1, dst, stream);
+        } else {
+            tq_set_rows_launch<type, half, int32_t>(src0, src1, dst, stream);
+        }
+    } else {
+        if (src1->type == GGML_TYPE_I64) {
+            tq_set_rows_launch<type, float, int64_t>(src0, src1, dst, stream);
+        } else {
+            tq_set_rows_launch<type, float, int32_t>(src0, src1, dst, stream);
+        }
+    }
+}
+
+bool ggml_cuda_turboq_set_rows_supported(const ggml_tensor * op) {
+    const ggml_tensor * src0 = op->src[0];
+    const ggml_tensor * src1 = op->src[1];
+    return ggml_is_turboq(op->type) && (src0->type == GGML_TYPE_F32 || src0->type == GGML_TYPE_F16) &&
+        src0->nb[0] == ggml_type_size(src0->type) &&
+        src0->ne[0] % TURBOQ_GROUP == 0 && (src1->type == GGML_TYPE_I64 || src1->type == GGML_TYPE_I32);
+}
+
+void ggml_cuda_turboq_set_rows(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * src0 = dst->src[0];
+    const ggml_tensor * src1 = dst->src[1];
+    GGML_ASSERT(ggml_cuda_turboq_set_rows_supported(dst));
+    TQ_TYPE_SWITCH(dst->type, tq_set_rows_type, src0, src1, dst, ctx.stream());
+}
+
+template <ggml_type type, typename dst_t>
+static void tq_get_rows_launch(const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst, cudaStream_t stream) {
+    const int64_t ng0 = src0->ne[0] / TURBOQ_GROUP;
+    const int64_t n   = ng0*src1->ne[0];
+    if (n == 0 || src1->ne[1] == 0 || src1->ne[2] == 0) {
+        return;
+    }
+    const int64_t nb = (n + TQ_WARPS_PER_BLOCK - 1) / TQ_WARPS_PER_BLOCK;
+    GGML_ASSERT(nb <= INT_MAX && src1->ne[1] <= 65535 && src1->ne[2] <= 65535);
+    const size_t ts = ggml_type_size(src1->type);
+    k_tq_get_rows<type, dst_t><<<dim3((unsigned int) nb, (unsigned int) src1->ne[1], (unsigned int) src1->ne[2]),
+                                 dim3(WARP_SIZE, TQ_WARPS_PER_BLOCK, 1), 0, stream>>>(
+        (const char *) src0->data, (const int32_t *) src1->data, (char *) dst->data,
+        ng0, src1->ne[0],
+        src0->nb[1], src0->nb[2], src0->nb[3],
+        src1->nb[0]/ts, src1->nb[1]/ts, src1->nb[2]/ts,
+        dst->nb[1], dst->nb[2], dst->nb[3]);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <ggml_type type>
+static void tq_get_rows_type(const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst, cudaStream_t stream) {
+    if (dst->type == GGML_TYPE_F16) {
+        tq_get_rows_launch<type, half>(src0, src1, dst, stream);
+    } else {
+        tq_get_rows_launch<type, float>(src0, src1, dst, stream);
+    }
+}
+
+bool ggml_cuda_turboq_get_rows_supported(const ggml_tensor * op) {
+    const ggml_tensor * src0 = op->src[0];
+    const ggml_tensor * src1 = op->src[1];
+    return ggml_is_turboq(src0->type) && src0->ne[0] % TURBOQ_GROUP == 0 && src1->type == GGML_TYPE_I32 &&
+        (op->type == GGML_TYPE_F32 || op->type == GGML_TYPE_F16) && op->nb[0] == ggml_type_size(op->type) &&
+        src1->ne[3] == 1 && src1->ne[1] <= 65535 && src1->ne[2] <= 65535;
+}
+
+void ggml_cuda_turboq_get_rows(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * src0 = dst->src[0];
+    const ggml_tensor * src1 = dst->src[1];
+    GGML_ASSERT(ggml_cuda_turboq_get_rows_supported(dst));
+    TQ_TYPE_SWITCH(src0->type, tq_get_rows_type, src0, src1, dst, ctx.stream());
+}
+
+template <ggml_type type, typename dst_t>
+static void tq_dequantize_launch(const void * src, void * dst, const int64_t n_groups, const tq_nd & s, const tq_nd & d, cudaStream_t stream) {
+    if (n_groups == 0) {
+        return;
+    }
+    k_tq_dequantize_nd<type, dst_t><<<tq_grid(n_groups), dim3(WARP_SIZE, TQ_WARPS_PER_BLOCK, 1), 0, stream>>>(
+        (const char *) src, (char *) dst, n_groups, s, d);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <ggml_type type, typename src_t>
+static void tq_quantize_launch(const void * src, void * dst, const int64_t n_groups, const tq_nd & s, const tq_nd & d, cudaStream_t stream) {
+    if (n_groups == 0) {
+        return;
+    }
+    k_tq_quantize_nd<type, src_t><<<tq_grid(n_groups), dim3(WARP_SIZE, TQ_WARPS_PER_BLOCK, 1), 0, stream>>>(
+        (const char *) src, (char *) dst, n_groups, s, d);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <ggml_type type>
+static void tq_cpy_type(const ggml_tensor * src0, ggml_tensor * src1, cudaStream_t stream) {
+    const int64_t n_groups = ggml_nelements(src0) / TURBOQ_GROUP;
+    if (ggml_is_turboq(src0->type)) {
+        if (src1->type == GGML_TYPE_F16) {
+            tq_dequantize_launch<type, half>(src0->data, src1->data, n_groups, tq_nd_of(src0), tq_nd_of(src1), stream);
+        } else {
+            tq_dequantize_launch<type, float>(src0->data, src1->data, n_groups, tq_nd_of(src0), tq_nd_of(src1), stream);
+        }
+    } else {
+        if (src0->type == GGML_TYPE_F16) {
+            tq_quantize_launch<type, half>(src0->data, src1->data, n_groups, tq_nd_of(src0), tq_nd_of(src1), stream);
+        } else {
+            tq_quantize_launch<type, float>(src0->data, src1->data, n_groups, tq_nd_of(src0), tq_nd_of(src1), stream);
+        }
+    }
+}
+
+bool ggml_cuda_turboq_cpy_supported(const ggml_tensor * src0, const ggml_tensor * src1) {
+    const ggml_tensor * q = ggml_is_turboq(src0->type) ? src0 : src1;
+    const ggml_tensor * f = ggml_is_turboq(src0->type) ? src1 : src0;
+    if (!ggml_is_turboq(q->type) || ggml_is_turboq(f->type)) {
+        return false;
+    }
+    return (f->type == GGML_TYPE_F32 || f->type == GGML_TYPE_F16) && q->ne[0] % TURBOQ_GROUP == 0 &&
+        q->nb[0] == ggml_type_size(q->type) && ggml_nelements(src0) == ggml_nelements(src1);
+}
+
+void ggml_cuda_turboq_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1) {
+    GGML_ASSERT(ggml_cuda_turboq_cpy_supported(src0, src1));
+    const ggml_type type = ggml_is_turboq(src0->type) ? src0->type : src1->type;
+    TQ_TYPE_SWITCH(type, tq_cpy_type, src0, src1, ctx.stream());
+}
+
+template <ggml_type type, typename dst_t>
+static void tq_to_float_cont(const void * x, dst_t * y, const int64_t k, cudaStream_t stream) {
+    GGML_ASSERT(k % TURBOQ_GROUP == 0);
+    tq_dequantize_launch<type, dst_t>(x, y, k / TURBOQ_GROUP,
+        tq_nd_contiguous(k, sizeof(typename tq_traits<type>::block)), tq_nd_contiguous(k, sizeof(dst_t)), stream);
+}
+
+// tq_nd_contiguous(k, block size) above: ne0 = k values, nb0 = the block size, so the block of
+// value i0 sits at (i0/128)*nb0, which is what the kernels compute.
+
+void (*ggml_cuda_turboq_get_to_fp32(ggml_type type))(const void * x, float * y, int64_t k, cudaStream_t stream) {
+    switch (type) {
+        case GGML_TYPE_TURBOQ2_0: return tq_to_float_cont<GGML_TYPE_TURBOQ2_0, float>;
+        case GGML_TYPE_TURBOQ3_0: return tq_to_float_cont<GGML_TYPE_TURBOQ3_0, float>;
+        case GGML_TYPE_TURBOQ4_0: return tq_to_float_cont<GGML_TYPE_TURBOQ4_0, float>;
+        case GGML_TYPE_TURBOQ8_0: return tq_to_float_cont<GGML_TYPE_TURBOQ8_0, float>;
+        default:                  return nullptr;
+    }
+}
+
+void (*ggml_cuda_turboq_get_to_fp16(ggml_type type))(const void * x, half * y, int64_t k, cudaStream_t stream) {
+    switch (type) {
+        case GGML_TYPE_TURBOQ2_0: return tq_to_float_cont<GGML_TYPE_TURBOQ2_0, half>;
+        case GGML_TYPE_TURBOQ3_0: return tq_to_float_cont<GGML_TYPE_TURBOQ3_0, half>;
+        case GGML_TYPE_TURBOQ4_0: return tq_to_float_cont<GGML_TYPE_TURBOQ4_0, half>;
+        case GGML_TYPE_TURBOQ8_0: return tq_to_float_cont<GGML_TYPE_TURBOQ8_0, half>;
+        default:                  return nullptr;
+    }
+}
+
+// ---- flash attention dispatch ----
+
+#define TQ_FA_FOR_V_TQ(X, D, type_K)       \
+    X(D, type_K, GGML_TYPE_TURBOQ2_0);     \
+    X(D, type_K, GGML_TYPE_TURBOQ3_0);     \
+    X(D, type_K, GGML_TYPE_TURBOQ4_0);     \
+    X(D, type_K, GGML_TYPE_TURBOQ8_0);
+
+#define TQ_FA_FOR_V_ALL(X, D, type_K)      \
+    X(D, type_K, GGML_TYPE_F16);           \
+    X(D, type_K, GGML_TYPE_Q8_0);          \
+    TQ_FA_FOR_V_TQ(X, D, type_K)
+
+#define TQ_FA_FOR_ALL_D(X, D)                          \
+    TQ_FA_FOR_V_TQ (X, D, GGML_TYPE_F16)               \
+    TQ_FA_FOR_V_TQ (X, D, GGML_TYPE_Q8_0)              \
+    TQ_FA_FOR_V_ALL(X, D, GGML_TYPE_TURBOQ2_0)         \
+    TQ_FA_FOR_V_ALL(X, D, GGML_TYPE_TURBOQ3_0)         \
+    TQ_FA_FOR_V_ALL(X, D, GGML_TYPE_TURBOQ4_0)         \
+    TQ_FA_FOR_V_ALL(X, D, GGML_TYPE_TURBOQ8_0)
+
+TQ_FA_FOR_ALL_D(EXTERN_DECL_TQ_FA_CASE, 128)
+TQ_FA_FOR_ALL_D(EXTERN_DECL_TQ_FA_CASE, 256)
+
+static bool tq_fa_kv_type_ok(const ggml_type type) {
+    return type == GGML_TYPE_F16 || type == GGML_TYPE_Q8_0 || ggml_is_turboq(type);
+}
+
+bool ggml_cuda_turboq_fa_applies(const ggml_tensor * dst) {
+    return ggml_is_turboq(dst->src[1]->type) || ggml_is_turboq(dst->src[2]->type);
+}
+
+bool ggml_cuda_turboq_fa_supported(const ggml_tensor * dst) {
+    const ggml_tensor * Q     = dst->src[0];
+    const ggml_tensor * K     = dst->src[1];
+    const ggml_tensor * V     = dst->src[2];
+    const ggml_tensor * mask  = dst->src[3];
+    const ggml_tensor * sinks = dst->src[4];
+
+    if (!ggml_cuda_turboq_fa_applies(dst) || !tq_fa_kv_type_ok(K->type) || !tq_fa_kv_type_ok(V->type)) {
+        return false;
+    }
+    const int64_t D = Q->ne[0];
+    if ((D != 128 && D != 256) || K->ne[0] != D || V->ne[0] != D) {
+        return false;
+    }
+    if (Q->type != GGML_TYPE_F32 || Q->nb[0] != sizeof(float) || dst->type != GGML_TYPE_F32 || !ggml_is_contiguous(dst)) {
+        return false;
+    }
+    if (K->nb[0] != ggml_type_size(K->type) || V->nb[0] != ggml_type_size(V->type) || K->ne[1] != V->ne[1]) {
+        return false;
+    }
+    if (K->ne[2] == 0 || V->ne[2] == 0 || Q->ne[2] % K->ne[2] != 0 || Q->ne[2] % V->ne[2] != 0 ||
+        Q->ne[2]/K->ne[2] != Q->ne[2]/V->ne[2]) {
+        return false;
+    }
+    if (K->ne[3] == 0 || V->ne[3] == 0 || Q->ne[3] % K->ne[3] != 0 || Q->ne[3] % V->ne[3] != 0) {
+        return false;
+    }
+    if (Q->ne[1] > INT_MAX || K->ne[1] > INT_MAX || Q->ne[2] > 65535 || Q->ne[3] > 65535) {
+        return false;
+    }
+    if (mask && (mask->type != GGML_TYPE_F16 || mask->ne[0] < K->ne[1] || mask->ne[1] < Q->ne[1])) {
+        return false;
+    }
+    if (sinks && sinks->type != GGML_TYPE_F32) {
+        return false;
+    }
+    return true;
+}
+
+void ggml_cuda_turboq_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    GGML_ASSERT(ggml_cuda_turboq_fa_supported(dst));
+    const int       D      = dst->src[0]->ne[0];
+    const ggml_type type_K = dst->src[1]->type;
+    const ggml_type type_V = dst->src[2]->type;
+
+#define TQ_FA_DISPATCH(D_, type_K_, type_V_)                                   \
+    if (D == (D_) && type_K == (type_K_) && type_V == (type_V_)) {             \
+        ggml_cuda_turboq_fa_case<D_, type_K_, type_V_>(ctx, dst);              \
+        return;                                                                \
+    }
+
+    TQ_FA_FOR_ALL_D(TQ_FA_DISPATCH, 128)
+    TQ_FA_FOR_ALL_D(TQ_FA_DISPATCH, 256)
+
+#undef TQ_FA_DISPATCH
+
+    GGML_ABORT("turboq flash attention: no kernel for D=%d K=%s V=%s", D, ggml_type_name(type_K), ggml_type_name(type_V));
+}
