@@ -83,8 +83,11 @@ def apply_series(tree: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(FILES_DIR / rel, target)
     for patch in series():
+        # inside another work tree (build/ is in the checkout) `git apply` would silently skip every
+        # path outside the current directory; the ceiling keeps it from finding that repository
+        env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.resolve().parent)}
         r = subprocess.run(["git", "apply", "--whitespace=nowarn", "-p1", str(patch)],
-                           cwd=tree, capture_output=True, text=True)
+                           cwd=tree, capture_output=True, text=True, env=env)
         if r.returncode != 0:
             sys.exit(f"prepare: patch {patch.name} does not apply to llama.cpp {UPSTREAM_COMMIT}:\n{r.stderr}")
 
