@@ -76,3 +76,131 @@ void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_
         fail(std::string("K type ") + ggml_type_name(lt.type_k) + " requires flash_attn to be enabled");
     }
 }
+
+// ---- K centering (see llama-turboq.h) ----
+
+#include "llama-impl.h"
+#include "llama-io.h"
+
+#include "ggml-backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr uint32_t K_MEAN_MAGIC = 0x4d4b5154; // "TQKM"
+
+} // namespace
+
+bool llama_turboq_k_centering(ggml_type type_k) {
+    if (!ggml_is_turboq(type_k)) {
+        return false;
+    }
+    const char * env = std::getenv("TURBOQ_K_CENTER");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
+ggml_tensor * llama_turboq_new_k_mean(ggml_context * ctx, int64_t n_embd_k_gqa, const char * tag, uint32_t il) {
+    ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n_embd_k_gqa + 1);
+    ggml_format_name(t, "cache_%sk_mean_l%d", tag, il);
+    return t;
+}
+
+ggml_tensor * llama_turboq_center_k(ggml_context * ctx, ggml_tensor * k_cur, ggml_tensor * k_mean) {
+    const int64_t n        = k_cur->ne[0];
+    const int64_t n_tokens = k_cur->ne[1];
+    GGML_ASSERT(k_mean->ne[0] == n + 1);
+
+    ggml_tensor * mu_old = ggml_view_1d(ctx, k_mean, n, 0);
+    ggml_tensor * ready  = ggml_view_1d(ctx, k_mean, 1, n*ggml_element_size(k_mean));
+
+    ggml_tensor * mean = ggml_sum_rows(ctx, ggml_cont(ctx, ggml_transpose(ctx, k_cur)));
+    mean = ggml_scale(ctx, ggml_reshape_1d(ctx, mean, n), 1.0f/(float) n_tokens);
+
+    // mu = ready ? mu_old : mean, as arithmetic so that the graph is the same for every ubatch
+    ggml_tensor * mu  = ggml_add(ctx, mean, ggml_mul(ctx, ggml_sub(ctx, mu_old, mean), ready));
+    ggml_tensor * one = ggml_scale_bias(ctx, ready, 0.0f, 1.0f);
+
+    // the write-back is an ancestor of the result, so it runs in every graph that stores K
+    ggml_tensor * stored = ggml_cpy(ctx, ggml_concat(ctx, mu, one, 0), k_mean);
+    return ggml_sub(ctx, k_cur, ggml_view_1d(ctx, stored, n, 0));
+}
+
+ggml_tensor * llama_turboq_k_mean_heads(ggml_context * ctx, ggml_tensor * k_mean, int64_t n_embd_head, int64_t n_head_kv) {
+    return ggml_view_3d(ctx, k_mean, n_embd_head, n_head_kv, 1,
+                        n_embd_head*ggml_element_size(k_mean), n_embd_head*n_head_kv*ggml_element_size(k_mean), 0);
+}
+
+void llama_turboq_write_k_mean(llama_io_write_i & io, ggml_tensor * k_mean) {
+    const uint32_t magic = K_MEAN_MAGIC;
+    const uint32_t n = (uint32_t) ggml_nelements(k_mean);
+    io.write(&magic, sizeof(magic));
+    io.write(&n, sizeof(n));
+    io.write_tensor(k_mean, 0, ggml_nbytes(k_mean));
+}
+
+bool llama_turboq_read_k_rows(llama_io_read_i & io, ggml_tensor * k_mean, ggml_tensor * k, size_t k_size_row,
+                              const uint32_t * run_from, const uint32_t * run_to, size_t n_runs, uint32_t il) {
+    uint32_t magic = 0;
+    uint32_t n = 0;
+    io.read(&magic, sizeof(magic));
+    if (magic != K_MEAN_MAGIC) {
+        LLAMA_LOG_ERROR("%s: layer %u: the state has no K-centering mean for this %s K cache "
+                        "(saved without K centering, e.g. with TURBOQ_K_CENTER=0, or corrupt)\n", __func__, il, ggml_type_name(k->type));
+        return false;
+    }
+    io.read(&n, sizeof(n));
+    if (n != (uint32_t) ggml_nelements(k_mean)) {
+        LLAMA_LOG_ERROR("%s: layer %u: K-centering mean has %u values, the cache needs %lld\n", __func__, il, n, (long long) ggml_nelements(k_mean));
+        return false;
+    }
+    std::vector<float> saved(n);
+    std::vector<float> cur(n);
+    io.read(saved.data(), n*sizeof(float));
+    for (float x : saved) {
+        if (!std::isfinite(x)) {
+            LLAMA_LOG_ERROR("%s: layer %u: the saved K-centering mean is not finite (corrupt state)\n", __func__, il);
+            return false;
+        }
+    }
+    if (saved[n - 1] != 1.0f) {
+        LLAMA_LOG_ERROR("%s: layer %u: the saved K-centering mean was never set (corrupt state)\n", __func__, il);
+        return false;
+    }
+    ggml_backend_tensor_get(k_mean, cur.data(), 0, n*sizeof(float));
+
+    const bool adopt = cur[n - 1] != 1.0f; // nothing written since the last clear: take the saved mean
+    if (adopt) {
+        ggml_backend_tensor_set(k_mean, saved.data(), 0, n*sizeof(float));
+    }
+    if (adopt || std::memcmp(saved.data(), cur.data(), n*sizeof(float)) == 0) {
+        for (size_t r = 0; r < n_runs; ++r) {
+            io.read_tensor(k, (size_t) run_from[r]*k_size_row, (size_t) (run_to[r] - run_from[r])*k_size_row);
+        }
+        return true;
+    }
+
+    // other sequences already use another mean: re-center these rows onto it
+    const auto * traits = ggml_get_type_traits(k->type);
+    const int64_t n_embd = n - 1;
+    std::vector<uint8_t> rows;
+    std::vector<float> x(n_embd);
+    for (size_t r = 0; r < n_runs; ++r) {
+        const size_t n_rows = run_to[r] - run_from[r];
+        rows.resize(n_rows*k_size_row);
+        io.read(rows.data(), rows.size());
+        for (size_t i = 0; i < n_rows; ++i) {
+            uint8_t * row = rows.data() + i*k_size_row;
+            traits->to_float(row, x.data(), n_embd);
+            for (int64_t j = 0; j < n_embd; ++j) {
+                x[j] += saved[j] - cur[j];
+            }
+            traits->from_float_ref(x.data(), row, n_embd);
+        }
+        ggml_backend_tensor_set(k, rows.data(), (size_t) run_from[r]*k_size_row, rows.size());
+    }
+    LLAMA_LOG_INFO("%s: layer %u: re-centered %s K rows onto the cache's mean\n", __func__, il, ggml_type_name(k->type));
+    return true;
+}

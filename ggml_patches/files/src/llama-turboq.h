@@ -28,3 +28,41 @@ llama_turboq_layer_types llama_turboq_layer_types_for(int mode, uint32_t il, uin
 // throws std::runtime_error when a layer's types cannot work (head_dim, flash attention off)
 void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k,
                                     uint32_t n_embd_head_v, bool v_trans);
+
+// ---- K centering ----
+//
+// A turboq K cache stores k - mu instead of k, with mu a per-layer mean of K (one value per
+// K channel of all KV heads). Attention does not change: q.(k - mu) = q.k - q.mu shifts every
+// logit of one query by the same amount, and softmax ignores that. The quantization error
+// does change: it scales with ||k - mu|| rather than ||k||, and K of real models carries a
+// large common component (on Gemma 3 270M 24-75% of ||k||^2 per layer).
+//
+// mu is the mean of the first ubatch written after the cache was last cleared, fixed from then
+// on, so every key that a query can see shares it. It lives in the cache buffer as
+// [mu (n_embd_k_gqa floats), ready] where ready = 0 until the first write; clearing the buffer
+// (which llama.cpp does on clear and whole-state restore) re-arms it. The K-shift adds mu
+// back around RoPE; a saved state carries mu, and a sequence restored next to other sequences
+// with another mu has its K rows re-centered.
+
+class  llama_io_write_i;
+class  llama_io_read_i;
+
+// whether layers with this K type keep a mean (turboq K; TURBOQ_K_CENTER=0 turns it off)
+bool llama_turboq_k_centering(ggml_type type_k);
+
+// the per-layer [mu, ready] tensor, created in the cache's context
+ggml_tensor * llama_turboq_new_k_mean(ggml_context * ctx, int64_t n_embd_k_gqa, const char * tag, uint32_t il);
+
+// graph: k_cur [n_embd_k_gqa, n_tokens] -> k_cur - mu, fixing mu from this ubatch when not ready
+ggml_tensor * llama_turboq_center_k(ggml_context * ctx, ggml_tensor * k_cur, ggml_tensor * k_mean);
+
+// mu as [n_embd_head, n_head_kv, 1] (for adding it back around the K-shift's RoPE)
+ggml_tensor * llama_turboq_k_mean_heads(ggml_context * ctx, ggml_tensor * k_mean, int64_t n_embd_head, int64_t n_head_kv);
+
+// state: the mean record written before a layer's K rows
+void llama_turboq_write_k_mean(llama_io_write_i & io, ggml_tensor * k_mean);
+
+// reads the record and the layer's K rows (runs of cells [from, to) of k, row size k_size_row);
+// false with an error logged when the record is missing or corrupt
+bool llama_turboq_read_k_rows(llama_io_read_i & io, ggml_tensor * k_mean, ggml_tensor * k, size_t k_size_row,
+                              const uint32_t * run_from, const uint32_t * run_to, size_t n_runs, uint32_t il);

@@ -1,0 +1,269 @@
+"""K/V lab: real attention tensors from a model, replayed in NumPy with any K/V encoder variant.
+
+    python -m pyturbo kvlab dump --chunks 4              # Q/K/V of every layer -> ~/.cache/pyturbo/kvlab/
+    python -m pyturbo kvlab replay --variants base ls k-center
+
+`dump` runs the model (f16 cache, flash attention) on chunks of botchan.txt as
+llama-perplexity does (first token of each chunk replaced by BOS) and keeps the post-RoPE
+"Qcur"/"Kcur"/"Vcur" tensors of each layer through llama.cpp's graph eval callback.
+`replay` re-runs each layer's causal attention with K and V passed through an encoder
+variant and reports, per layer and summed, the errors that end-to-end KLD is made of: the
+logit error, the softmax-mass error (total variation) and the attention-output error, over the
+query rows that llama-perplexity scores (the second half of each chunk).
+"""
+from __future__ import annotations
+
+import ctypes as C
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ._paths import cache_dir
+from .codebook import D, codebooks, thresholds
+from . import reference as ref
+
+GGML_MAX_DIMS = 4
+GGML_MAX_OP_PARAMS = 64
+GGML_MAX_SRC = 10
+GGML_MAX_NAME = 64
+GGML_TYPE_F32 = 0
+GGML_OP_ROPE = 48  # enum ggml_op of the pinned ggml
+
+
+class _Tensor(C.Structure):
+    """struct ggml_tensor of the pinned ggml (ggml.h); only read, never allocated here."""
+    _fields_ = [("type", C.c_int), ("buffer", C.c_void_p),
+                ("ne", C.c_int64 * GGML_MAX_DIMS), ("nb", C.c_size_t * GGML_MAX_DIMS),
+                ("op", C.c_int), ("op_params", C.c_int32 * (GGML_MAX_OP_PARAMS // 4)), ("flags", C.c_int32),
+                ("src", C.c_void_p * GGML_MAX_SRC), ("view_src", C.c_void_p), ("view_offs", C.c_size_t),
+                ("data", C.c_void_p), ("name", C.c_char * GGML_MAX_NAME), ("extra", C.c_void_p),
+                ("padding", C.c_char * 8)]
+
+
+def lab_dir() -> Path:
+    p = cache_dir() / "kvlab"
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def dump(model: Path, text: Path, n_ctx: int = 512, chunks: int = 4, out: Path | None = None) -> Path:
+    """Write {out}/chunk{i}.npz with q{il}, k{il}, v{il} as float32 [T, heads, head_dim]."""
+    from .llama import llama_cpp  # sets the library path to the patched build first
+
+    out = out or lab_dir() / model.stem
+    out.mkdir(parents=True, exist_ok=True)
+    want = ("Qcur-", "Kcur-", "Vcur-")
+    seen: dict[str, np.ndarray] = {}
+    ops: dict[str, int] = {}
+
+    @llama_cpp.ggml_backend_sched_eval_callback
+    def cb(t_ptr, ask, _ud):
+        t = C.cast(t_ptr, C.POINTER(_Tensor)).contents
+        name = t.name.decode(errors="replace")
+        if not name.startswith(want) or not name.split("-", 1)[1].isdigit():
+            return False if ask else True
+        if ask:
+            return True
+        if t.type != GGML_TYPE_F32 or not t.data:
+            return True
+        ne = [t.ne[i] for i in range(4)]
+        nb = [t.nb[i] for i in range(4)]
+        nbytes = sum((ne[i] - 1) * nb[i] for i in range(4)) + 4
+        buf = (C.c_char * nbytes).from_address(t.data)
+        a = np.ndarray(shape=ne[::-1], dtype=np.float32, buffer=buf, strides=nb[::-1])
+        seen[name] = np.array(a[0])
+        ops[name] = t.op  # [tokens, heads, head_dim]; the last tensor of a name wins (post-RoPE)
+        return True
+
+    llama_cpp.llama_backend_init()
+    mp = llama_cpp.llama_model_default_params()
+    m = llama_cpp.llama_model_load_from_file(str(model).encode(), mp)
+    if not m:
+        raise RuntimeError(f"cannot load {model}")
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx = n_ctx
+    cp.n_batch = n_ctx
+    cp.n_ubatch = n_ctx
+    cp.n_threads = cp.n_threads_batch = 2
+    cp.flash_attn_type = 1
+    cp.cb_eval = cb
+    cp.cb_eval_user_data = None
+    ctx = llama_cpp.llama_init_from_model(m, cp)
+    vocab = llama_cpp.llama_model_get_vocab(m)
+    raw = text.read_text(encoding="utf-8").encode()
+    toks = (llama_cpp.llama_token * (len(raw) + 16))()
+    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), toks, len(toks), True, False)
+    bos = llama_cpp.llama_vocab_bos(vocab)
+    mem = llama_cpp.llama_get_memory(ctx)
+    for ci in range(chunks):
+        if (ci + 1) * n_ctx > n:
+            break
+        chunk = list(toks[ci * n_ctx:(ci + 1) * n_ctx])
+        chunk[0] = bos
+        arr = (llama_cpp.llama_token * n_ctx)(*chunk)
+        llama_cpp.llama_memory_clear(mem, True)
+        seen.clear()
+        rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, n_ctx))
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed: {rc}")
+        not_roped = [k for k in seen if k[0] in "QK" and ops[k] != GGML_OP_ROPE]
+        if not_roped:
+            raise RuntimeError(f"expected the post-RoPE tensors, got other ops for {not_roped[:3]}")
+        arrays = {k[0].lower() + k.split("-")[1]: v for k, v in seen.items()}
+        np.savez(out / f"chunk{ci}.npz", **arrays)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(m)
+    return out
+
+
+def load(path: Path) -> list[dict[str, np.ndarray]]:
+    return [dict(np.load(f)) for f in sorted(path.glob("chunk*.npz"))]
+
+
+# ---- encoder variants (float32 NumPy; "base" is the shipped codec, bit for bit) ----
+
+def _wht_matrix() -> np.ndarray:
+    s1, s2 = ref.rotation_signs()
+    return ref.rotate(np.eye(D, dtype=np.float32) * 1.0).astype(np.float32)  # rows: rotate(e_i)
+
+
+def _nearest(y: np.ndarray, name: str) -> np.ndarray:
+    return np.searchsorted(thresholds()[name], y.ravel(), side="left").reshape(y.shape)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How a 128-group is encoded. bits: 2/3/4 (Lloyd-Max) or 8 (grid)."""
+    bits: int
+    scale: str = "corrected"   # corrected ||x||/||c|| | ls <x,c>/||c||^2 | unbiased ||x||^2/<x,c> | search
+    halves: bool = False       # turboq4: a second scale for rotated coordinates 64..127 (the rnorm field)
+    alpha: float = 1.0         # multiplier on the stored scale
+
+    @property
+    def name(self) -> str:
+        return f"turboq{self.bits}"
+
+
+def encode_decode(x: np.ndarray, v: Variant) -> np.ndarray:
+    """x [..., head_dim] float32 -> decoded x_hat, groups of 128 along the last axis."""
+    shape = x.shape
+    g = x.reshape(-1, D).astype(np.float32)
+    if v.scale == "corrected" and not v.halves and v.alpha == 1.0:
+        blocks = ref.quantize(g, v.name)
+        return ref.dequantize(blocks, v.name).reshape(shape)
+    nrm = np.sqrt(np.sum(g.astype(np.float64) ** 2, axis=1, keepdims=True))
+    nrm = np.where(nrm == 0, 1, nrm)
+    y = ref.rotate((g / nrm).astype(np.float32)).astype(np.float64)
+    cb = codebooks()[v.name].astype(np.float64)
+    if v.bits == 8:
+        a = np.max(np.abs(y), axis=1, keepdims=True)
+        idx = np.clip(np.floor(y * (127.5 / a) + 128.0), 0, 255).astype(int)
+        c = cb[idx] * a
+    else:
+        idx = _nearest(y, v.name)
+        c = cb[idx]
+    parts = [slice(0, D // 2), slice(D // 2, D)] if v.halves else [slice(0, D)]
+    out = np.zeros_like(y)
+    for sl in parts:
+        yy, cc = y[:, sl], c[:, sl]
+        if v.scale == "corrected":
+            s = np.sqrt(np.sum(yy * yy, 1, keepdims=True)) / np.sqrt(np.sum(cc * cc, 1, keepdims=True))
+        elif v.scale == "ls":
+            s = np.sum(yy * cc, 1, keepdims=True) / np.sum(cc * cc, 1, keepdims=True)
+        elif v.scale == "unbiased":
+            s = np.sum(yy * yy, 1, keepdims=True) / np.sum(yy * cc, 1, keepdims=True)
+        elif v.scale == "search":
+            # alternate: indices for the current scale, then the least-squares scale for them
+            s = np.sum(yy * cc, 1, keepdims=True) / np.sum(cc * cc, 1, keepdims=True)
+            for _ in range(4):
+                if v.bits == 8:
+                    break
+                cc = cb[_nearest(yy / s, v.name)]
+                s = np.sum(yy * cc, 1, keepdims=True) / np.sum(cc * cc, 1, keepdims=True)
+        else:
+            raise ValueError(v.scale)
+        s = np.nan_to_num(s)
+        out[:, sl] = s * v.alpha * cc
+    xh = ref.unrotate(out.astype(np.float32)).astype(np.float64) * nrm
+    return xh.astype(np.float32).reshape(shape)
+
+
+def q_mainline(x: np.ndarray, kind: str) -> np.ndarray:
+    """q8_0 / q4_0 on 32-value blocks after a 128-point Hadamard (mainline's attn_rot)."""
+    shape = x.shape
+    g = x.reshape(-1, D).astype(np.float32)
+    h = ref.fwht(g) / np.float32(np.sqrt(D))
+    b = h.reshape(-1, 32)
+    if kind == "q8_0":
+        d = np.max(np.abs(b), 1, keepdims=True) / 127
+        q = np.round(b / np.where(d == 0, 1, d))
+        r = q * d
+    else:
+        imax = np.argmax(np.abs(b), 1)
+        mx = b[np.arange(len(b)), imax][:, None]
+        d = mx / -8
+        q = np.clip(np.floor(b / np.where(d == 0, 1, d) + 8.5), 0, 15)
+        r = (q - 8) * d
+    r = r.reshape(-1, D).astype(np.float16).astype(np.float32)
+    return (ref.fwht(r) / np.float32(np.sqrt(D))).reshape(shape)
+
+
+# ---- replay ----
+
+@dataclass
+class LayerError:
+    logit_rmse: float  # RMS error of the scaled logits over the scored causal entries
+    tv: float          # mean total variation between the softmax rows
+    out_rel: float     # sum ||o_hat - o||^2 / sum ||o||^2
+
+
+def replay_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, kh: np.ndarray, vh: np.ndarray,
+                 scale: float, window: int = 0) -> LayerError:
+    T, Hq, _ = q.shape
+    Hk = k.shape[1]
+    rows = np.arange(T // 2, T)
+    pos = np.arange(T)
+    mask = pos[None, :] <= rows[:, None]
+    if window:
+        mask &= rows[:, None] - pos[None, :] < window
+    se = tv = on = od = 0.0
+    cnt = 0
+    for h in range(Hq):
+        j = h // (Hq // Hk)
+        qs = q[rows, h].astype(np.float64) * scale
+        L = qs @ k[:, j].astype(np.float64).T
+        Lh = qs @ kh[:, j].astype(np.float64).T
+        L = np.where(mask, L, -np.inf)
+        Lh = np.where(mask, Lh, -np.inf)
+        d = np.where(mask, Lh - L, 0)
+        se += np.sum(d * d)
+        cnt += np.sum(mask)
+        P = np.exp(L - L.max(1, keepdims=True)); P /= P.sum(1, keepdims=True)
+        Ph = np.exp(Lh - Lh.max(1, keepdims=True)); Ph /= Ph.sum(1, keepdims=True)
+        tv += 0.5 * np.sum(np.abs(P - Ph))
+        o = P @ v[:, j].astype(np.float64)
+        oh = Ph @ vh[:, j].astype(np.float64)
+        on += np.sum((oh - o) ** 2)
+        od += np.sum(o * o)
+    return LayerError(float(np.sqrt(se / cnt)), float(tv / (Hq * len(rows))), float(on / od))
+
+
+Codec = Callable[[np.ndarray, int, str], np.ndarray]  # (x [T,H,D], layer, "k"|"v") -> x_hat
+
+
+def replay(chunks: list[dict[str, np.ndarray]], k_codec: Codec, v_codec: Codec, scale: float,
+           windows: dict[int, int] | None = None) -> list[LayerError]:
+    """Per-layer errors averaged over the chunks."""
+    n_layer = sum(1 for key in chunks[0] if key.startswith("k"))
+    res = []
+    for il in range(n_layer):
+        errs = []
+        for ch in chunks:
+            q, k, v = ch[f"q{il}"], ch[f"k{il}"], ch[f"v{il}"]
+            errs.append(replay_layer(q, k, v, k_codec(k, il, "k"), v_codec(v, il, "v"), scale,
+                                     (windows or {}).get(il, 0)))
+        res.append(LayerError(*(float(np.mean([getattr(e, f) for e in errs]))
+                                for f in ("logit_rmse", "tv", "out_rel"))))
+    return res
