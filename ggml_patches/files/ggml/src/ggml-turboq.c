@@ -24,6 +24,8 @@
 #include "ggml-impl.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static_assert(QK_TURBOQ == TURBOQ_GROUP, "turboq block and rotation group must match");
@@ -53,18 +55,53 @@ static float turboq_tree_sum(float * v) {
     return v[0];
 }
 
+// The rotation signs. TURBOQ_SIGN_SEED=<n> draws others (splitmix64 from seed n, as
+// pyturbo/codebook.py does) on the CPU backend only: an experiment knob for measuring how much
+// a result depends on the particular rotation. Caches written under one seed read as noise under
+// another, and the GPU backends always use the built-in signs.
+static float turboq_sign1_seeded[TURBOQ_GROUP];
+static float turboq_sign2_seeded[TURBOQ_GROUP];
+static const float * turboq_s1 = turboq_sign1;
+static const float * turboq_s2 = turboq_sign2;
+
+#if defined(__GNUC__)
+__attribute__((constructor))
+#endif
+static void turboq_signs_from_env(void) {
+    const char * env = getenv("TURBOQ_SIGN_SEED");
+    if (env == NULL || *env == '\0') {
+        return;
+    }
+    uint64_t state = strtoull(env, NULL, 0);
+    for (int i = 0; i < 2*TURBOQ_GROUP; ++i) {
+        state += 0x9E3779B97F4A7C15ull;
+        uint64_t z = state;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z = z ^ (z >> 31);
+        const float s = (z & 1) ? -1.0f : 1.0f;
+        if (i < TURBOQ_GROUP) {
+            turboq_sign1_seeded[i] = s;
+        } else {
+            turboq_sign2_seeded[i - TURBOQ_GROUP] = s;
+        }
+    }
+    turboq_s1 = turboq_sign1_seeded;
+    turboq_s2 = turboq_sign2_seeded;
+}
+
 static void turboq_rotate_group(float * x) {
-    for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] = x[i] * turboq_sign1[i];
+    for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] = x[i] * turboq_s1[i];
     turboq_fwht(x);
-    for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] = (x[i] * TURBOQ_INV_SQRT_GROUP) * turboq_sign2[i];
+    for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] = (x[i] * TURBOQ_INV_SQRT_GROUP) * turboq_s2[i];
 }
 
 // x = D1.H.D2.y/sqrt(128) * scale
 static void turboq_unrotate_group_scaled(float * x, float scale) {
     const float k = scale * TURBOQ_INV_SQRT_GROUP;
-    for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] = x[i] * turboq_sign2[i];
+    for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] = x[i] * turboq_s2[i];
     turboq_fwht(x);
-    for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] = (x[i] * k) * turboq_sign1[i];
+    for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] = (x[i] * k) * turboq_s1[i];
 }
 
 void ggml_turboq_rotate(float * x, int64_t n) {
