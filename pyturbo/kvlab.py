@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import ctypes as C
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from ._paths import cache_dir
-from .codebook import D, codebooks, thresholds
 from . import reference as ref
+from .codebook import D, SIGN_SEED, codebooks, splitmix64, thresholds
 
 GGML_MAX_DIMS = 4
 GGML_MAX_OP_PARAMS = 64
@@ -122,71 +123,92 @@ def load(path: Path) -> list[dict[str, np.ndarray]]:
     return [dict(np.load(f)) for f in sorted(path.glob("chunk*.npz"))]
 
 
-# ---- encoder variants (float32 NumPy; "base" is the shipped codec, bit for bit) ----
+# ---- encoder variants (float64 NumPy; the shipped codec is `Variant(bits)` with the built-in signs) ----
 
-def _wht_matrix() -> np.ndarray:
-    s1, s2 = ref.rotation_signs()
-    return ref.rotate(np.eye(D, dtype=np.float32) * 1.0).astype(np.float32)  # rows: rotate(e_i)
-
-
-def _nearest(y: np.ndarray, name: str) -> np.ndarray:
-    return np.searchsorted(thresholds()[name], y.ravel(), side="left").reshape(y.shape)
+@lru_cache(maxsize=None)
+def rotation(kind: str = "wht", seed: int | None = None) -> np.ndarray:
+    """Orthogonal R [128,128] with y = R x: the randomized WHT (signs from splitmix64, as
+    pyturbo.codebook; seed None = the shipped signs), or RotorQuant's block rotations:
+    "planar" (random 2-D Givens rotations of pairs) and "iso" (random 4-D rotations, the
+    quaternion blocks)."""
+    if kind == "wht":
+        bits = [b & 1 for b in splitmix64(SIGN_SEED if seed is None else seed, 2 * D)]
+        s = np.where(np.array(bits) == 1, -1.0, 1.0)
+        h = np.array([[1.0]])
+        while h.shape[0] < D:
+            h = np.block([[h, h], [h, -h]])
+        return (s[D:, None] * h * s[None, :D]) / np.sqrt(D)
+    rng = np.random.default_rng(0 if seed is None else seed)
+    b = {"planar": 2, "iso": 4}[kind]
+    r = np.zeros((D, D))
+    for i in range(0, D, b):
+        q, rr = np.linalg.qr(rng.standard_normal((b, b)))
+        r[i:i + b, i:i + b] = q * np.sign(np.diag(rr))
+    return r
 
 
 @dataclass(frozen=True)
 class Variant:
-    """How a 128-group is encoded. bits: 2/3/4 (Lloyd-Max) or 8 (grid)."""
+    """How one 128-group is encoded. bits: 2/3/4 (Lloyd-Max levels) or 8 (absmax grid)."""
     bits: int
-    scale: str = "corrected"   # corrected ||x||/||c|| | ls <x,c>/||c||^2 | unbiased ||x||^2/<x,c> | search
-    halves: bool = False       # turboq4: a second scale for rotated coordinates 64..127 (the rnorm field)
-    alpha: float = 1.0         # multiplier on the stored scale
+    scale: str = "corrected"   # corrected ||x||/||c|| | ls <y,c>/||c||^2 | unbiased ||y||^2/<y,c> | search
+    halves: bool = False       # a second scale for rotated coordinates 64..127 (turboq4's rnorm field)
+    alpha: float = 1.0         # multiplier on the stored scale (the forks' 1.02)
+    rot: str = "wht"           # wht | planar | iso
+    qjl: bool = False          # (bits)-bit MSE codes + a 1-bit QJL sketch of the residual, ||r|| in rnorm
+    seed: int | None = None    # rotation draw
 
     @property
     def name(self) -> str:
         return f"turboq{self.bits}"
 
 
+def _nearest(y: np.ndarray, name: str) -> np.ndarray:
+    return np.searchsorted(thresholds()[name], y.ravel(), side="left").reshape(y.shape)
+
+
+def _ls(y: np.ndarray, c: np.ndarray) -> np.ndarray:
+    den = np.sum(c * c, -1, keepdims=True)
+    return np.divide(np.sum(y * c, -1, keepdims=True), den, out=np.zeros_like(den), where=den > 0)
+
+
 def encode_decode(x: np.ndarray, v: Variant) -> np.ndarray:
-    """x [..., head_dim] float32 -> decoded x_hat, groups of 128 along the last axis."""
+    """x [..., head_dim] -> decoded x_hat, groups of 128 along the last axis."""
     shape = x.shape
-    g = x.reshape(-1, D).astype(np.float32)
-    if v.scale == "corrected" and not v.halves and v.alpha == 1.0:
-        blocks = ref.quantize(g, v.name)
-        return ref.dequantize(blocks, v.name).reshape(shape)
-    nrm = np.sqrt(np.sum(g.astype(np.float64) ** 2, axis=1, keepdims=True))
+    g = x.reshape(-1, D).astype(np.float64)
+    nrm = np.sqrt(np.sum(g * g, 1, keepdims=True))
     nrm = np.where(nrm == 0, 1, nrm)
-    y = ref.rotate((g / nrm).astype(np.float32)).astype(np.float64)
+    R = rotation(v.rot, v.seed)
+    y = (g / nrm) @ R.T
     cb = codebooks()[v.name].astype(np.float64)
     if v.bits == 8:
-        a = np.max(np.abs(y), axis=1, keepdims=True)
-        idx = np.clip(np.floor(y * (127.5 / a) + 128.0), 0, 255).astype(int)
-        c = cb[idx] * a
+        a = np.max(np.abs(y), 1, keepdims=True)
+        c = cb[np.clip(np.floor(y * (127.5 / a) + 128.0), 0, 255).astype(int)] * a
     else:
-        idx = _nearest(y, v.name)
-        c = cb[idx]
-    parts = [slice(0, D // 2), slice(D // 2, D)] if v.halves else [slice(0, D)]
+        c = cb[_nearest(y, v.name)]
     out = np.zeros_like(y)
-    for sl in parts:
+    for sl in ([slice(0, D // 2), slice(D // 2, D)] if v.halves else [slice(0, D)]):
         yy, cc = y[:, sl], c[:, sl]
         if v.scale == "corrected":
-            s = np.sqrt(np.sum(yy * yy, 1, keepdims=True)) / np.sqrt(np.sum(cc * cc, 1, keepdims=True))
+            s = np.sqrt(np.sum(yy * yy, 1, keepdims=True) / np.maximum(np.sum(cc * cc, 1, keepdims=True), 1e-30))
         elif v.scale == "ls":
-            s = np.sum(yy * cc, 1, keepdims=True) / np.sum(cc * cc, 1, keepdims=True)
+            s = _ls(yy, cc)
         elif v.scale == "unbiased":
             s = np.sum(yy * yy, 1, keepdims=True) / np.sum(yy * cc, 1, keepdims=True)
-        elif v.scale == "search":
-            # alternate: indices for the current scale, then the least-squares scale for them
-            s = np.sum(yy * cc, 1, keepdims=True) / np.sum(cc * cc, 1, keepdims=True)
-            for _ in range(4):
-                if v.bits == 8:
-                    break
-                cc = cb[_nearest(yy / s, v.name)]
-                s = np.sum(yy * cc, 1, keepdims=True) / np.sum(cc * cc, 1, keepdims=True)
+        elif v.scale == "search":  # alternate: indices for the scale, least-squares scale for the indices
+            s = _ls(yy, cc)
+            for _ in range(4 if v.bits < 8 else 0):
+                cc = cb[_nearest(yy / np.where(s == 0, 1, s), v.name)]
+                s = _ls(yy, cc)
         else:
             raise ValueError(v.scale)
-        s = np.nan_to_num(s)
         out[:, sl] = s * v.alpha * cc
-    xh = ref.unrotate(out.astype(np.float32)).astype(np.float64) * nrm
+    xh = (out @ R) * nrm
+    if v.qjl:
+        r = g - xh
+        S = np.random.default_rng(1234 if v.seed is None else v.seed + 1).standard_normal((D, D))
+        rn = np.sqrt(np.sum(r * r, 1, keepdims=True))
+        xh = xh + rn * np.sqrt(np.pi / 2) / D * (np.sign(r @ S.T) @ S)
     return xh.astype(np.float32).reshape(shape)
 
 
@@ -198,14 +220,11 @@ def q_mainline(x: np.ndarray, kind: str) -> np.ndarray:
     b = h.reshape(-1, 32)
     if kind == "q8_0":
         d = np.max(np.abs(b), 1, keepdims=True) / 127
-        q = np.round(b / np.where(d == 0, 1, d))
-        r = q * d
+        r = np.round(b / np.where(d == 0, 1, d)) * d
     else:
-        imax = np.argmax(np.abs(b), 1)
-        mx = b[np.arange(len(b)), imax][:, None]
+        mx = b[np.arange(len(b)), np.argmax(np.abs(b), 1)][:, None]
         d = mx / -8
-        q = np.clip(np.floor(b / np.where(d == 0, 1, d) + 8.5), 0, 15)
-        r = (q - 8) * d
+        r = (np.clip(np.floor(b / np.where(d == 0, 1, d) + 8.5), 0, 15) - 8) * d
     r = r.reshape(-1, D).astype(np.float16).astype(np.float32)
     return (ref.fwht(r) / np.float32(np.sqrt(D))).reshape(shape)
 
@@ -267,3 +286,68 @@ def replay(chunks: list[dict[str, np.ndarray]], k_codec: Codec, v_codec: Codec, 
         res.append(LayerError(*(float(np.mean([getattr(e, f) for e in errs]))
                                 for f in ("logit_rmse", "tv", "out_rel"))))
     return res
+
+
+# ---- the variant table ----
+
+def tq(v: Variant, center: bool = True, protect: int = 0) -> Codec:
+    """A turboq codec as a replay codec: K centered on the mean of the chunk (what the cache
+    does with its first ubatch), the first `protect` tokens kept exact (an f16 side-car)."""
+    def f(x: np.ndarray, il: int, which: str) -> np.ndarray:
+        mu = x.mean(0, keepdims=True) if center and which == "k" else 0
+        xh = encode_decode(x - mu, v) + mu
+        if protect:
+            xh[:protect] = x[:protect]
+        return xh
+    return f
+
+
+def mainline(kind: str) -> Codec:
+    return lambda x, il, which: q_mainline(x, kind)
+
+
+def exact(x: np.ndarray, il: int, which: str) -> np.ndarray:
+    return x
+
+
+def variant_table() -> list[tuple[str, float, Callable[[int | None], tuple[Codec, Codec]]]]:
+    """(name, bits per value of K and V together, seed -> (K codec, V codec))."""
+    V = Variant
+    rows: list = [
+        ("f16 K / turboq3 V", 9.5625, lambda s: (exact, tq(V(3, seed=s)))),
+        ("q8_0", 8.5, lambda s: (mainline("q8_0"),) * 2),
+        ("q4_0", 4.5, lambda s: (mainline("q4_0"),) * 2),
+    ]
+    bpw = {2: 2.125, 3: 3.125, 4: 4.25, 8: 8.125}
+    for b in (8, 4, 3, 2):
+        rows.append((f"turboq{b} uncentered", bpw[b], lambda s, b=b: (tq(V(b, seed=s), False), tq(V(b, seed=s)))))
+        rows.append((f"turboq{b} (K centered)", bpw[b], lambda s, b=b: (tq(V(b, seed=s)), tq(V(b, seed=s)))))
+    for b in (4, 3, 2):
+        for sc in ("ls", "unbiased", "search"):
+            rows.append((f"turboq{b} + {sc} scale", bpw[b], lambda s, b=b, sc=sc: (tq(V(b, sc, seed=s)), tq(V(b, sc, seed=s)))))
+        rows.append((f"turboq{b} + alpha 1.02", bpw[b], lambda s, b=b: (tq(V(b, alpha=1.02, seed=s)), tq(V(b, alpha=1.02, seed=s)))))
+        rows.append((f"turboq{b} + sink token exact", bpw[b], lambda s, b=b: (tq(V(b, seed=s), protect=1), tq(V(b, seed=s), protect=1))))
+    rows.append(("turboq4 + second scale (rnorm)", 4.25, lambda s: (tq(V(4, "ls", True, seed=s)), tq(V(4, "ls", True, seed=s)))))
+    rows.append(("turboq4 budget: 3-bit + 1-bit QJL K", 4.25, lambda s: (tq(V(3, qjl=True, seed=s)), tq(V(4, seed=s)))))
+    for b in (4, 3):
+        for rot in ("planar", "iso"):
+            rows.append((f"turboq{b} {rot} rotation", bpw[b], lambda s, b=b, rot=rot: (tq(V(b, rot=rot, seed=s)), tq(V(b, rot=rot, seed=s)))))
+    rows.append(("turboq4 K / turboq3 V", 3.6875, lambda s: (tq(V(4, seed=s)), tq(V(3, seed=s)))))
+    rows.append(("turboq3 K / turboq4 V", 3.6875, lambda s: (tq(V(3, seed=s)), tq(V(4, seed=s)))))
+    return rows
+
+
+def run_table(chunks: list[dict[str, np.ndarray]], scale: float, seeds: list[int | None],
+              only: list[str] | None = None) -> list[tuple[str, float, np.ndarray]]:
+    """Per variant: (name, bpw, array [seeds, 3] of summed logit RMS, summed TV, summed output error)."""
+    out = []
+    for name, bpw, make in variant_table():
+        if only and not any(o in name for o in only):
+            continue
+        vals = []
+        for s in seeds:
+            k, v = make(s)
+            errs = replay(chunks, k, v, scale)
+            vals.append([sum(e.logit_rmse for e in errs), sum(e.tv for e in errs), sum(e.out_rel for e in errs)])
+        out.append((name, bpw, np.array(vals)))
+    return out

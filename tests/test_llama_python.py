@@ -70,29 +70,56 @@ def test_invalid_layer_adaptive_mode(Llama, tiny128):
         make(Llama, tiny128, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive=3)
 
 
-def greedy(llm, prompt: str, n: int = 32) -> list[int]:
-    llm.reset()
-    out: list[int] = []
-    for tok in llm.generate(llm.tokenize(prompt.encode()), top_k=1, temp=0.0):
-        out.append(tok)
-        if len(out) == n:
-            break
+def decode_logits(Llama, path: str, k: str, v: str, tokens: list[int], n_prompt: int) -> np.ndarray:
+    """Logits of the decode steps: the prompt in one batch, then one token per eval (teacher-forced)."""
+    llm = make(Llama, path, cache_type_k=k, cache_type_v=v, flash_attn=True, logits_all=True)
+    llm.eval(tokens[:n_prompt])
+    for t in tokens[n_prompt:]:
+        llm.eval([t])
+    return np.array(llm.scores[n_prompt - 1:len(tokens) - 1], dtype=np.float64)
+
+
+def mean_kld(ref: np.ndarray, x: np.ndarray) -> float:
+    lp = ref - ref.max(1, keepdims=True)
+    lp -= np.log(np.exp(lp).sum(1, keepdims=True))
+    lq = x - x.max(1, keepdims=True)
+    lq -= np.log(np.exp(lq).sum(1, keepdims=True))
+    return float((np.exp(lp) * (lp - lq)).sum(1).mean())
+
+
+@pytest.fixture(scope="module")
+def decode_klds(Llama, gemma):
+    """Mean KLD vs f16 of 64 teacher-forced decode steps after a 256-token prompt (botchan.txt)."""
+    import os
+    llm = make(Llama, gemma, vocab_only=True)
+    tokens = llm.tokenize(data.corpus().read_text(encoding="utf-8")[:8000].encode())[:256 + 64]
+    del llm
+    ref = decode_logits(Llama, gemma, "f16", "f16", tokens, 256)
+    out = {}
+    for name, k, v, center in (("q8_0", "q8_0", "q8_0", "1"), ("q4_0", "q4_0", "q4_0", "1"),
+                               ("turboq8", "turboq8", "turboq8", "1"), ("turboq4", "turboq4", "turboq4", "1"),
+                               ("turboq3", "turboq3", "turboq3", "1"), ("turboq3 uncentered", "turboq3", "turboq3", "0")):
+        os.environ["TURBOQ_K_CENTER"] = center
+        try:
+            out[name] = mean_kld(ref, decode_logits(Llama, gemma, k, v, tokens, 256))
+        finally:
+            del os.environ["TURBOQ_K_CENTER"]
+        print(f"decode KLD vs f16, {name}: {out[name]:.5f}")
     return out
 
 
-# the opening of botchan.txt. Greedy decoding on this 270M model is chaotic: where a near-tie sits
-# differs by prompt, and q8_0 itself leaves f16 after 12 tokens here (see the closing note).
-GREEDY_PROMPT = "Ever since I was a child, my inherited recklessness has"
+def test_turboq8_decode_is_as_close_to_f16_as_q8_0(decode_klds):
+    # teacher-forced, so a near-tie cannot fork the text; bound: q8_0's KLD with 50% margin
+    assert decode_klds["turboq8"] <= 1.5 * decode_klds["q8_0"] + 1e-3
 
 
-def test_turboq8_greedy_matches_f16(Llama, gemma):
-    want = greedy(make(Llama, gemma, cache_type_k="f16", cache_type_v="f16", flash_attn=True), GREEDY_PROMPT)
-    matches = {}
-    for t in ("turboq8", "turboq4", "turboq3", "q8_0"):
-        got = greedy(make(Llama, gemma, cache_type_k=t, cache_type_v=t, flash_attn=True), GREEDY_PROMPT)
-        matches[t] = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
-        print(f"greedy 32 tokens, {t} K/V: first {matches[t]} tokens match f16")
-    assert matches["turboq8"] == 32
+def test_turboq4_decode_beats_q4_0(decode_klds):
+    assert decode_klds["turboq4"] < decode_klds["q4_0"]
+
+
+def test_k_centering_cuts_turboq3_error(decode_klds):
+    # measured about 2x on this model; fails if centering is lost on the decode path
+    assert decode_klds["turboq3"] < 0.7 * decode_klds["turboq3 uncentered"]
 
 
 @pytest.mark.parametrize("t", ["turboq3", "turboq4"])

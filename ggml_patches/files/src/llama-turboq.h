@@ -37,10 +37,10 @@ void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_
 // does change: it scales with ||k - mu|| rather than ||k||, and K of real models carries a
 // large common component (on Gemma 3 270M 24-75% of ||k||^2 per layer).
 //
-// mu is the mean of the first ubatch written after the cache was last cleared, fixed from then
-// on, so every key that a query can see shares it. It lives in the cache buffer as
-// [mu (n_embd_k_gqa floats), ready] where ready = 0 until the first write; clearing the buffer
-// (which llama.cpp does on clear and whole-state restore) re-arms it. The K-shift adds mu
+// mu is the mean of the first ubatch written into the empty cache, fixed from then on, so every
+// key that a query can see shares it. It lives in the cache buffer as [mu (n_embd_k_gqa floats),
+// ready] where ready = 0 until that write; a cache that becomes empty again (clear, whole-state
+// restore, removal of its last cell) is re-armed. The K-shift adds mu
 // back around RoPE; a saved state carries mu, and a sequence restored next to other sequences
 // with another mu has its K rows re-centered.
 
