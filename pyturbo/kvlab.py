@@ -351,3 +351,80 @@ def run_table(chunks: list[dict[str, np.ndarray]], scale: float, seeds: list[int
             vals.append([sum(e.logit_rmse for e in errs), sum(e.tv for e in errs), sum(e.out_rel for e in errs)])
         out.append((name, bpw, np.array(vals)))
     return out
+
+
+# ---- end to end: the same variants through llama-perplexity, where the C code has them ----
+
+# lab variant name -> (K type, V type, TURBOQ_K_CENTER)
+END_TO_END = {
+    "q8_0": ("q8_0", "q8_0", "1"),
+    "q4_0": ("q4_0", "q4_0", "1"),
+    "f16 K / turboq3 V": ("f16", "turboq3", "1"),
+    **{f"turboq{b} uncentered": (f"turboq{b}", f"turboq{b}", "0") for b in (8, 4, 3, 2)},
+    **{f"turboq{b} (K centered)": (f"turboq{b}", f"turboq{b}", "1") for b in (8, 4, 3, 2)},
+    "turboq4 K / turboq3 V": ("turboq4", "turboq3", "1"),
+    "turboq3 K / turboq4 V": ("turboq3", "turboq4", "1"),
+}
+
+
+def end_to_end(names: list[str], chunks: int, threads: int = 2, seed: int | None = None) -> dict[str, tuple[float, float, float]]:
+    """name -> (PPL, mean KLD vs f16, its error) from llama-perplexity on botchan.txt, c=512."""
+    import tempfile
+
+    from . import data
+    from .llamacpp import perplexity
+
+    model, text = data.default_model(), data.corpus()
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "f16.kld"
+        perplexity(model, text, "f16", "f16", chunks=chunks, threads=threads, kld_base=base, write_base=True)
+        for name in names:
+            k, v, center = END_TO_END[name]
+            env = {"TURBOQ_K_CENTER": center, **({"TURBOQ_SIGN_SEED": str(seed)} if seed is not None else {})}
+            r = perplexity(model, text, k, v, chunks=chunks, threads=threads, kld_base=base, env=env)
+            out[name] = (r.ppl, r.kld, r.kld_err)
+    return out
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def main(args) -> None:
+    """`pyturbo kvlab {dump,replay,validate}`: see the module docstring."""
+    from . import data
+
+    model = Path(args.model) if args.model else data.default_model()
+    path = lab_dir() / model.stem
+    if args.action == "dump":
+        print(dump(model, data.corpus(), chunks=args.chunks))
+        return
+    if not any(path.glob("chunk*.npz")):
+        dump(model, data.corpus(), chunks=max(args.chunks, 2))
+    chunks = load(path)[:args.chunks]
+    scale = args.attn_scale
+    seeds: list[int | None] = [None, *range(1, args.seeds)]
+    only = list(END_TO_END) if args.action == "validate" else args.only
+    rows = run_table(chunks, scale, seeds, only)
+    e2e = end_to_end([r[0] for r in rows], args.e2e_chunks, args.threads) if args.action == "validate" else {}
+    print(f"\n{model.name}: {len(chunks)} chunks of 512 tokens, {len(seeds)} rotation draw(s); sums over layers, "
+          "mean ± spread over the draws\n")
+    head = "| variant | bpw | logit RMS | softmax TV | attention-output error |"
+    if e2e:
+        head += f" KLD vs f16 ({args.e2e_chunks} chunks) | PPL |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for name, bpw, a in rows:
+        m, sd = a.mean(0), a.std(0)
+        line = f"| {name} | {bpw:.3f} | {m[0]:.2f} ± {sd[0]:.2f} | {m[1]:.3f} ± {sd[1]:.3f} | {m[2]:.3f} ± {sd[2]:.3f} |"
+        if e2e:
+            ppl, kld, err = e2e[name]
+            line += f" {kld:.4f} ± {err:.4f} | {ppl:.3f} |"
+        print(line, flush=True)
+    if e2e:
+        names = [r[0] for r in rows]
+        print(f"\nSpearman rank correlation with end-to-end KLD: attention-output error "
+              f"{spearman([a.mean(0)[2] for _, _, a in rows], [e2e[n][1] for n in names]):.3f}, softmax TV "
+              f"{spearman([a.mean(0)[1] for _, _, a in rows], [e2e[n][1] for n in names]):.3f}")

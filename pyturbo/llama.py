@@ -22,7 +22,7 @@ os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(lib_dir()))
 
 import llama_cpp  # noqa: E402  (must come after LLAMA_CPP_LIB_PATH)
 
-LAYER_ADAPTIVE_MODES = (0, 1, 2, 5, 6, 7)
+LAYER_ADAPTIVE_MODES = (0, 1, 2, 3, 5, 6, 7)  # the table is llama-turboq.cpp's; a test compares
 GGML_LOG_LEVEL_ERROR = 4
 GGML_LOG_LEVEL_CONT = 5
 _create_lock = threading.Lock()

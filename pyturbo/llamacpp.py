@@ -16,8 +16,11 @@ def tool_env() -> dict[str, str]:
     return env
 
 
-def run_tool(name: str, *args: str, timeout: float = 1800, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([str(binary(name)), *args], capture_output=True, text=True, env=tool_env(), timeout=timeout)
+def run_tool(name: str, *args: str, timeout: float = 1800, check: bool = True,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run build/bin/<name>; env adds variables (TURBOQ_K_CENTER, TURBO_LAYER_ADAPTIVE, ...)."""
+    r = subprocess.run([str(binary(name)), *args], capture_output=True, text=True, env={**tool_env(), **(env or {})},
+                       timeout=timeout)
     if check and r.returncode != 0:
         raise RuntimeError(f"{name} {' '.join(args)} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
     return r
@@ -43,14 +46,14 @@ def kv_mib(log: str) -> float:
 
 def perplexity(model: Path, text: Path, type_k: str = "f16", type_v: str = "f16", ctx: int = 512,
                chunks: int | None = None, threads: int = 2, kld_base: Path | None = None,
-               write_base: bool = False, extra: tuple[str, ...] = ()) -> PerplexityResult:
+               write_base: bool = False, extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> PerplexityResult:
     args = ["-m", str(model), "-f", str(text), "-c", str(ctx), "-b", str(ctx), "-fa", "on", "-t", str(threads),
             "-ctk", type_k, "-ctv", type_v, "-lv", "4"]
     if chunks:
         args += ["--chunks", str(chunks)]
     if kld_base is not None:
         args += (["--kl-divergence-base", str(kld_base)] if write_base else ["--kl-divergence-base", str(kld_base), "--kl-divergence"])
-    r = run_tool("llama-perplexity", *args, *extra)
+    r = run_tool("llama-perplexity", *args, *extra, env=env)
     log = r.stdout + r.stderr
     res = PerplexityResult(ppl=float("nan"), log=log, kv_mib=kv_mib(log))
     m = re.search(r"Final estimate: PPL = ([\d.]+)", log) or re.search(r"Mean PPL\(Q\)\s*:\s*([\d.]+)", log)

@@ -1,28 +1,81 @@
 #include "llama-turboq.h"
 
+#include "llama-impl.h"
+#include "llama-io.h"
+#include "llama-model.h"
+
+#include "ggml-backend.h"
+
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 #include <stdexcept>
 #include <string>
 
 namespace {
 
-// which layers are "boundary" layers, what they get, and what the others get
+constexpr ggml_type KEEP = GGML_TYPE_COUNT; // the layer keeps the requested type
+
+// which layers are "boundary" layers, and what K and V get there and elsewhere
 struct layer_policy {
     int       mode;
-    uint32_t  n_first;    // boundary layers at the start
-    uint32_t  n_last;     // boundary layers at the end
-    bool      set_k;      // K follows the policy too (else K keeps the requested type)
-    ggml_type boundary;   // type of K/V in boundary layers
-    ggml_type other_v;    // V elsewhere; GGML_TYPE_COUNT keeps the requested type
+    uint32_t  n_first;     // boundary layers at the start
+    uint32_t  n_last;      // boundary layers at the end
+    uint32_t  k_gain_div;  // > 0: the n_layer/k_gain_div (at least 1) layers of largest K gain are boundary layers
+    ggml_type k_boundary;
+    ggml_type v_boundary;
+    ggml_type v_other;
 };
 
 constexpr layer_policy policies[] = {
-    { 1, 4, 4, true,  GGML_TYPE_Q8_0,      GGML_TYPE_COUNT     },
-    { 2, 0, 8, true,  GGML_TYPE_Q8_0,      GGML_TYPE_COUNT     },
-    { 5, 2, 2, false, GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0 },
-    { 6, 0, 8, false, GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0 },
-    { 7, 2, 2, false, GGML_TYPE_Q8_0,      GGML_TYPE_TURBOQ2_0 },
+    { 1, 4, 4, 0, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0,      KEEP                },
+    { 2, 0, 8, 0, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0,      KEEP                },
+    { 3, 0, 0, 9, GGML_TYPE_Q8_0, KEEP,                KEEP                },
+    { 5, 2, 2, 0, KEEP,           GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0 },
+    { 6, 0, 8, 0, KEEP,           GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0 },
+    { 7, 2, 2, 0, KEEP,           GGML_TYPE_Q8_0,      GGML_TYPE_TURBOQ2_0 },
 };
+
+const layer_policy * policy_of(int mode) {
+    for (const auto & p : policies) {
+        if (p.mode == mode) {
+            return &p;
+        }
+    }
+    return nullptr;
+}
+
+std::string valid_modes() {
+    std::string s = "0";
+    for (const auto & p : policies) {
+        s += ", " + std::to_string(p.mode);
+    }
+    return s;
+}
+
+// RMS of a weight tensor's values, read from whichever backend holds it
+double weight_rms(const ggml_tensor * t) {
+    std::vector<uint8_t> raw(ggml_nbytes(t));
+    ggml_backend_tensor_get(t, raw.data(), 0, raw.size());
+    const int64_t n = ggml_nelements(t);
+    std::vector<float> x(n);
+    if (t->type == GGML_TYPE_F32) {
+        std::memcpy(x.data(), raw.data(), n*sizeof(float));
+    } else {
+        const auto * traits = ggml_get_type_traits(t->type);
+        if (!traits->to_float || !ggml_is_contiguous(t)) {
+            return -1.0;
+        }
+        traits->to_float(raw.data(), x.data(), n);
+    }
+    double ss = 0.0;
+    for (float v : x) {
+        ss += (double) v*v;
+    }
+    return std::sqrt(ss/(double) n);
+}
 
 } // namespace
 
@@ -33,28 +86,69 @@ int llama_turboq_layer_adaptive_mode() {
     }
     char * end = nullptr;
     const long mode = std::strtol(env, &end, 10);
-    bool valid = *end == '\0' && mode == 0;
-    for (const auto & p : policies) {
-        valid |= *end == '\0' && mode == p.mode;
-    }
-    if (!valid) {
-        throw std::runtime_error(std::string("invalid TURBO_LAYER_ADAPTIVE='") + env + "': valid modes are 0, 1, 2, 5, 6, 7");
+    if (*end != '\0' || (mode != 0 && policy_of((int) mode) == nullptr)) {
+        throw std::runtime_error(std::string("invalid TURBO_LAYER_ADAPTIVE='") + env + "': valid modes are " + valid_modes());
     }
     return (int) mode;
 }
 
-llama_turboq_layer_types llama_turboq_layer_types_for(int mode, uint32_t il, uint32_t n_layer, ggml_type type_k, ggml_type type_v) {
-    for (const auto & p : policies) {
-        if (p.mode != mode) {
+std::vector<bool> llama_turboq_boundary_layers(int mode, const llama_model & model) {
+    const uint32_t n_layer = model.hparams.n_layer();
+    std::vector<bool> boundary(n_layer, false);
+    const layer_policy * p = policy_of(mode);
+    if (p == nullptr) {
+        return boundary;
+    }
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        boundary[il] = il < p->n_first || il + p->n_last >= n_layer;
+    }
+    if (p->k_gain_div == 0) {
+        return boundary;
+    }
+    // The K gain of a layer, from its weights: the RMS of the K norm's scale on models with a
+    // K norm (Gemma, Qwen3, ...), else the RMS of the K projection. The K quantization error of
+    // a layer grows with it; on Gemma 3 270M the top two (layers 11 and 5) carry half of the
+    // attention-output error of turboq3 K (pyturbo kvlab).
+    std::vector<std::pair<double, uint32_t>> gain;
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        const auto & layer = model.layers[il];
+        const ggml_tensor * w = layer.attn_k_norm ? layer.attn_k_norm : layer.wk;
+        if (w == nullptr || !model.hparams.has_kv(il)) {
             continue;
         }
-        const bool boundary = il < p.n_first || il + p.n_last >= n_layer;
-        if (boundary) {
-            return { p.set_k ? p.boundary : type_k, p.boundary };
+        if (w->data == nullptr) {
+            // a sizing pass without weights (llama_params_fit): any n_pick layers cost the same memory
+            gain.push_back({ (double) il, il });
+            continue;
         }
-        return { type_k, p.other_v == GGML_TYPE_COUNT ? type_v : p.other_v };
+        const double g = weight_rms(w);
+        if (g < 0.0) {
+            throw std::runtime_error("TURBO_LAYER_ADAPTIVE=" + std::to_string(mode) + ": cannot read the K weights of layer " +
+                                     std::to_string(il) + " (type " + ggml_type_name(w->type) + ")");
+        }
+        gain.push_back({ g, il });
     }
-    return { type_k, type_v };
+    if (gain.empty()) {
+        throw std::runtime_error("TURBO_LAYER_ADAPTIVE=" + std::to_string(mode) + ": this model has no K weights to rank its layers by");
+    }
+    std::sort(gain.begin(), gain.end(), [](const auto & a, const auto & b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    const size_t n_pick = std::max<size_t>(1, n_layer/p->k_gain_div);
+    for (size_t i = 0; i < std::min(n_pick, gain.size()); ++i) {
+        boundary[gain[i].second] = true;
+    }
+    return boundary;
+}
+
+llama_turboq_layer_types llama_turboq_layer_types_for(int mode, bool boundary, ggml_type type_k, ggml_type type_v) {
+    const layer_policy * p = policy_of(mode);
+    if (p == nullptr) {
+        return { type_k, type_v };
+    }
+    const auto pick = [](ggml_type t, ggml_type requested) { return t == KEEP ? requested : t; };
+    if (boundary) {
+        return { pick(p->k_boundary, type_k), pick(p->v_boundary, type_v) };
+    }
+    return { type_k, pick(p->v_other, type_v) };
 }
 
 void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k, uint32_t n_embd_head_v, bool v_trans) {
@@ -78,15 +172,6 @@ void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_
 }
 
 // ---- K centering (see llama-turboq.h) ----
-
-#include "llama-impl.h"
-#include "llama-io.h"
-
-#include "ggml-backend.h"
-
-#include <cmath>
-#include <cstring>
-#include <vector>
 
 namespace {
 

@@ -6,13 +6,16 @@
 //   0  uniform (default)
 //   1  K+V = q8_0 for the first 4 and last 4 layers
 //   2  K+V = q8_0 for the last 8 layers
+//   3  K = q8_0 for the n_layer/9 layers (at least 1) of largest K gain, read from the weights
 //   5  V = turboq4 at the first 2 and last 2 layers, turboq2 elsewhere (K unchanged)
 //   6  V = turboq4 at the last 8 layers, turboq2 elsewhere (K unchanged)
 //   7  V = q8_0 at the first 2 and last 2 layers, turboq2 elsewhere (K unchanged)
+// The table is policies[] in llama-turboq.cpp; pyturbo reads the valid modes from the error text.
 
 #include "ggml.h"
 
 #include <cstdint>
+#include <vector>
 
 struct llama_turboq_layer_types {
     ggml_type type_k;
@@ -22,8 +25,14 @@ struct llama_turboq_layer_types {
 // the mode from TURBO_LAYER_ADAPTIVE (0 when unset); throws std::runtime_error for an invalid value
 int llama_turboq_layer_adaptive_mode();
 
-// K/V types of layer il (of n_layer) under mode, given the cache's requested types
-llama_turboq_layer_types llama_turboq_layer_types_for(int mode, uint32_t il, uint32_t n_layer, ggml_type type_k, ggml_type type_v);
+struct llama_model;
+
+// which layers are the mode's boundary layers (all false for mode 0); throws std::runtime_error
+// when the mode ranks layers by K gain and the model's K weights cannot be read
+std::vector<bool> llama_turboq_boundary_layers(int mode, const llama_model & model);
+
+// K/V types of a layer under mode, given whether it is a boundary layer and the requested types
+llama_turboq_layer_types llama_turboq_layer_types_for(int mode, bool boundary, ggml_type type_k, ggml_type type_v);
 
 // throws std::runtime_error when a layer's types cannot work (head_dim, flash attention off)
 void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k,
