@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 
 from pyturbo import data
@@ -151,3 +152,22 @@ def test_layer_adaptive_modes_on_gemma_iswa(gemma, short_text, monkeypatch, mode
     for il, (k, v) in expect.items():
         assert f"layer {il:3d}: TURBO_LAYER_ADAPTIVE={mode}: K {k}, V {v}" in r.log
     assert math.isfinite(r.ppl)
+
+
+def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):
+    """On a random model (no common K component, so centering does nothing) the end-to-end KLD
+    of each type scales like its quantization MSE. Bound: the type's expected MSE over q4_0's,
+    times q4_0's KLD from the same run, with 50% slack (measured within 10%)."""
+    from pyturbo.codebook import lloyd_max
+    from pyturbo.kvlab import q_mainline
+
+    g = np.random.default_rng(0).standard_normal((4096, 128)).astype(np.float32)
+    mse_q4_0 = float(np.mean((q_mainline(g, "q4_0") - g) ** 2) / np.mean(g ** 2))
+    base = tmp_path / "f16.kld"
+    perplexity(tiny128, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
+    kld = {t: perplexity(tiny128, short_text, t, t, ctx=256, chunks=3, kld_base=base).kld
+           for t in ("q8_0", "q4_0", "turboq8", "turboq4", "turboq3", "turboq2")}
+    print(f"tiny128 KLD vs f16: {kld}; q4_0 MSE {mse_q4_0:.5f}")
+    for b in (2, 3, 4):
+        assert 0 < kld[f"turboq{b}"] <= 1.5 * kld["q4_0"] * lloyd_max(b).vector_mse / mse_q4_0
+    assert kld["turboq8"] <= 2 * kld["q8_0"] + 2e-6
