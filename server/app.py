@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     names = ", ".join(CACHE_TYPES)
     ap.add_argument("--cache-type-k", "-ctk", default="f16", help=f"K cache type: {names}")
     ap.add_argument("--cache-type-v", "-ctv", default="f16", help=f"V cache type: {names}")
-    ap.add_argument("--layer-adaptive", type=int, default=0, help="TURBO_LAYER_ADAPTIVE mode: " + ", ".join(map(str, pl.LAYER_ADAPTIVE_MODES))))
+    ap.add_argument("--layer-adaptive", type=int, default=0, help="TURBO_LAYER_ADAPTIVE mode: " + ", ".join(map(str, pl.LAYER_ADAPTIVE_MODES)))
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--n-ctx", type=int, default=4096)
