@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """CPU benchmark for the foundation targets: prints tables of ratios measured in one run.
 
-  python3 bench/cpu_bench.py quality [--chunks 20]        # PPL, mean KLD vs f16, KV MiB (Gemma 3 270M, botchan, c=512)
+  python3 bench/cpu_bench.py quality [--chunks 20] [--types f16 q4_0 turboq3/turboq4:3 ...]
+                                                          # PPL, mean KLD vs f16, KV MiB (Gemma 3 270M, botchan, c=512)
   python3 bench/cpu_bench.py speed [--threads 1] [--reps 3] # llama-bench pp512/tg64 and tg/pp at depth 4096, ratio to f16
 
 Speed runs interleave the cache types type by type, `--rounds` times, and report the median of
@@ -27,24 +28,52 @@ QUALITY_TYPES = ["f16", "q8_0", "q4_0", "turboq8", "turboq4", "turboq3", "turboq
 SPEED_TYPES = ["f16", "q4_0", "turboq3", "turboq4"]
 
 
+def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
+    """'t' (K = V = t), 'k/v', plus ':LA' for a TURBO_LAYER_ADAPTIVE mode or ':uncentered'
+    (TURBOQ_K_CENTER=0): (label, K, V, environment)."""
+    spec, _, opt = c.partition(":")
+    k, _, v = spec.partition("/")
+    v = v or k
+    env = {"TURBOQ_K_CENTER": "0"} if opt == "uncentered" else {"TURBO_LAYER_ADAPTIVE": opt} if opt else {}
+    return c, k, v, env
+
+
+def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str]) -> float:
+    """Bits per value of K and V together (layer mode 3 on an 18-layer model: 2 layers of q8_0 K)."""
+    bk, bv = cache_type(k).bpw, cache_type(v).bpw
+    if env.get("TURBO_LAYER_ADAPTIVE") == "3":
+        n = max(1, model_layers // 9)
+        bk = ((model_layers - n) * bk + n * cache_type("q8_0").bpw) / model_layers
+    elif env.get("TURBO_LAYER_ADAPTIVE"):
+        return float("nan")
+    return (bk + bv) / 2
+
+
 def quality(args: argparse.Namespace) -> None:
     model, text = data.default_model(), data.corpus()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "f16.kld"
         rows = []
-        for t in args.types:
-            r = perplexity(model, text, t, t, ctx=512, chunks=args.chunks, threads=args.threads,
-                           kld_base=base, write_base=(t == "f16"))
-            rows.append((t, r))
-            print(f"# {t}: PPL {r.ppl:.4f} KLD {r.kld} KV {r.kv_mib:.2f} MiB", file=sys.stderr, flush=True)
-    f16_kv = rows[0][1].kv_mib
-    print(f"\nGemma 3 270M Q4_K_M, botchan.txt, c=512, {args.chunks} chunks, -fa on, K and V of the same type\n")
-    print("| K/V | bpw | PPL | mean KLD vs f16 | same top token | KV MiB | KV vs f16 |")
-    print("|---|---|---|---|---|---|---|")
-    for t, r in rows:
-        kld = "0" if t == "f16" else f"{r.kld:.5f} ± {r.kld_err:.5f}"
-        top = "100%" if t == "f16" else f"{r.same_top:.1f}%"
-        print(f"| {t} | {cache_type(t).bpw:.3f} | {r.ppl:.3f} | {kld} | {top} | {r.kv_mib:.2f} | {r.kv_mib / f16_kv:.4f} |")
+        for c in args.types:
+            label, k, v, env = parse_config(c)
+            r = perplexity(model, text, k, v, ctx=512, chunks=args.chunks, threads=args.threads,
+                           kld_base=base, write_base=(c == "f16"), env=env)
+            rows.append((label, config_bpw(18, k, v, env), r))
+            print(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} KV {r.kv_mib:.2f} MiB", file=sys.stderr, flush=True)
+    f16_kv = rows[0][2].kv_mib
+    q4 = next((r.kld for label, _, r in rows if label == "q4_0"), None)
+    print(f"\nGemma 3 270M Q4_K_M, botchan.txt, c=512, {args.chunks} chunks, -fa on; K/V, ':N' = TURBO_LAYER_ADAPTIVE=N, "
+          "':uncentered' = TURBOQ_K_CENTER=0\n")
+    print("| K/V | bpw | PPL | mean KLD vs f16 | KLD vs q4_0 | same top token | KV MiB | KV vs f16 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, bpw, r in rows:
+        if label == "f16":
+            kld, rel, top = "0", "", "100%"
+        else:
+            kld = "missing" if r.kld is None else f"{r.kld:.5f} ± {r.kld_err:.5f}"
+            rel = f"{r.kld / q4:.2f}x" if (q4 and r.kld is not None) else ""
+            top = "missing" if r.same_top is None else f"{r.same_top:.1f}%"
+        print(f"| {label} | {bpw:.3f} | {r.ppl:.3f} | {kld} | {rel} | {top} | {r.kv_mib:.2f} | {r.kv_mib / f16_kv:.4f} |")
 
 
 def bench_once(model: Path, t: str, threads: int, reps: int, extra: list[str]) -> dict[str, float]:

@@ -254,9 +254,9 @@ def replay_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, kh: np.ndarray, vh
         qs = q[rows, h].astype(np.float64) * scale
         L = qs @ k[:, j].astype(np.float64).T
         Lh = qs @ kh[:, j].astype(np.float64).T
+        d = np.where(mask, Lh - L, 0)
         L = np.where(mask, L, -np.inf)
         Lh = np.where(mask, Lh, -np.inf)
-        d = np.where(mask, Lh - L, 0)
         se += np.sum(d * d)
         cnt += np.sum(mask)
         P = np.exp(L - L.max(1, keepdims=True)); P /= P.sum(1, keepdims=True)
