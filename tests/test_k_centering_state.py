@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from pyturbo import data
+from test_context_shift import kl  # KL(p || q) of two logit rows
 
 N_CTX = 256
 
@@ -110,14 +111,6 @@ def tokens(lc, model, offset: int, n: int) -> list[int]:
     got = lc.llama_tokenize(vocab, text, len(text), buf, len(buf), False, False)
     assert got >= n
     return [lc.llama_vocab_bos(vocab)] + list(buf[1:n])
-
-
-def kl(p: np.ndarray, q: np.ndarray) -> float:
-    lp = p.astype(np.float64) - p.max()
-    lq = q.astype(np.float64) - q.max()
-    lp -= np.log(np.exp(lp).sum())
-    lq -= np.log(np.exp(lq).sum())
-    return float(np.sum(np.exp(lp) * (lp - lq)))
 
 
 def prompts(lc, m):
