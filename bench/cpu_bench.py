@@ -76,9 +76,10 @@ def quality(args: argparse.Namespace) -> None:
         print(f"| {label} | {bpw:.3f} | {r.ppl:.3f} | {kld} | {rel} | {top} | {r.kv_mib:.2f} | {r.kv_mib / f16_kv:.4f} |")
 
 
-def bench_once(model: Path, t: str, threads: int, reps: int, extra: list[str]) -> dict[str, float]:
+def bench_once(model: Path, config: str, threads: int, reps: int, extra: list[str]) -> dict[str, float]:
+    _, k, v, env = parse_config(config)
     r = run_tool("llama-bench", "-m", str(model), "-fa", "1", "-t", str(threads), "-r", str(reps),
-                 "-ctk", t, "-ctv", t, "-o", "csv", *extra)
+                 "-ctk", k, "-ctv", v, "-o", "csv", *extra, env=env)
     out = {}
     for row in csv.DictReader(io.StringIO(r.stdout)):
         key = f"pp{row['n_prompt']}" if int(row["n_prompt"]) else f"tg{row['n_gen']}"
@@ -111,7 +112,7 @@ def speed(args: argparse.Namespace) -> None:
     if "q4_0" in med:
         print()
         for t in args.types:
-            if t.startswith("turboq"):
+            if t.startswith("turboq") and "/" not in t:
                 print(f"{t} vs q4_0: " + ", ".join(f"{k} {med[t][k] / med['q4_0'][k]:.3f}" for k in keys))
 
 
