@@ -213,9 +213,10 @@ ggml_tensor * llama_turboq_center_k(ggml_context * ctx, ggml_tensor * k_cur, ggm
     return ggml_sub(ctx, k_cur, ggml_view_1d(ctx, stored, n, 0));
 }
 
-ggml_tensor * llama_turboq_k_mean_heads(ggml_context * ctx, ggml_tensor * k_mean, int64_t n_embd_head, int64_t n_head_kv) {
-    return ggml_view_3d(ctx, k_mean, n_embd_head, n_head_kv, 1,
-                        n_embd_head*ggml_element_size(k_mean), n_embd_head*n_head_kv*ggml_element_size(k_mean), 0);
+ggml_tensor * llama_turboq_k_mean_heads(ggml_context * ctx, ggml_tensor * k_mean, int64_t n_cols, int64_t n_head_kv,
+                                        int64_t n_embd_head, int64_t offset) {
+    const size_t es = ggml_element_size(k_mean);
+    return ggml_view_3d(ctx, k_mean, n_cols, n_head_kv, 1, n_embd_head*es, n_embd_head*n_head_kv*es, offset*es);
 }
 
 void llama_turboq_write_k_mean(llama_io_write_i & io, ggml_tensor * k_mean) {

@@ -65,8 +65,10 @@ ggml_tensor * llama_turboq_new_k_mean(ggml_context * ctx, int64_t n_embd_k_gqa, 
 // graph: k_cur [n_embd_k_gqa, n_tokens] -> k_cur - mu, fixing mu from this ubatch when not ready
 ggml_tensor * llama_turboq_center_k(ggml_context * ctx, ggml_tensor * k_cur, ggml_tensor * k_mean);
 
-// mu as [n_embd_head, n_head_kv, 1] (for adding it back around the K-shift's RoPE)
-ggml_tensor * llama_turboq_k_mean_heads(ggml_context * ctx, ggml_tensor * k_mean, int64_t n_embd_head, int64_t n_head_kv);
+// the n_cols channels from `offset` of each head's mu (head size n_embd_head) as [n_cols, n_head_kv, 1]:
+// the part that the K-shift's RoPE view covers, to add back around it
+ggml_tensor * llama_turboq_k_mean_heads(ggml_context * ctx, ggml_tensor * k_mean, int64_t n_cols, int64_t n_head_kv,
+                                        int64_t n_embd_head, int64_t offset);
 
 // state: the mean record written before a layer's K rows
 void llama_turboq_write_k_mean(llama_io_write_i & io, ggml_tensor * k_mean);
