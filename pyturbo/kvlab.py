@@ -1,7 +1,8 @@
 """K/V lab: real attention tensors from a model, replayed in NumPy with any K/V encoder variant.
 
-    python -m pyturbo kvlab dump --chunks 4              # Q/K/V of every layer -> ~/.cache/pyturbo/kvlab/
-    python -m pyturbo kvlab replay --variants base ls k-center
+    python -m pyturbo kvlab dump --chunks 2              # Q/K/V of every layer -> ~/.cache/pyturbo/kvlab/
+    python -m pyturbo kvlab replay --only turboq3         # the variant table (3 rotation draws each)
+    python -m pyturbo kvlab validate                     # + llama-perplexity KLD and the rank correlation
 
 `dump` runs the model (f16 cache, flash attention) on chunks of botchan.txt as
 llama-perplexity does (first token of each chunk replaced by BOS) and keeps the post-RoPE
