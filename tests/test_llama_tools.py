@@ -171,3 +171,21 @@ def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):
     for b in (2, 3, 4):
         assert 0 < kld[f"turboq{b}"] <= 1.5 * kld["q4_0"] * lloyd_max(b).vector_mse / mse_q4_0
     assert kld["turboq8"] <= 2 * kld["q8_0"] + 2e-6
+
+
+@pytest.mark.parametrize("args,message", [
+    (("-fa", "off", "-ctk", "turboq3", "-ctv", "f16"), "requires flash_attn"),
+    (("-ctk", "turboq5"), "turboq5"),
+    (("-ctk", "turboq3", "-ctv", "turboq3", "--model-64"), "n_embd_head_k=64"),
+])
+def test_error_message_reaches_the_user_every_time(tiny128, tiny64, short_text, args, message):
+    """The log is written by a worker thread; an error exit used to lose its message about 1 run
+    in 10 with piped output (patch 8 drains the log at exit). 20 runs, the message every time."""
+    model = tiny64 if "--model-64" in args else tiny128
+    args = tuple(a for a in args if a != "--model-64")
+    missing = 0
+    for _ in range(20):
+        r = run_tool("llama-perplexity", "-m", str(model), "-f", str(short_text), "-c", "128", *args, check=False)
+        assert r.returncode != 0
+        missing += message not in r.stderr + r.stdout
+    assert missing == 0, f"the message was lost in {missing} of 20 runs"
