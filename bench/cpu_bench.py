@@ -3,7 +3,8 @@
 
   python3 bench/cpu_bench.py quality [--chunks 20] [--types f16 q4_0 turboq3/turboq4:3 ...]
                                                           # PPL, mean KLD vs f16, KV MiB (Gemma 3 270M, botchan, c=512)
-  python3 bench/cpu_bench.py speed [--threads 1] [--reps 3] # llama-bench pp512/tg64 and tg/pp at depth 4096, ratio to f16
+  python3 bench/cpu_bench.py speed [--threads 1] [--reps 2] # llama-bench pp512, pp2048, tg64; pp512/tg32 at depth 4096;
+                                                          # tg32 at depth 16384: ratios to f16
 
 Speed runs interleave the cache types type by type, `--rounds` times, and report the median of
 each, so that drift of a shared machine hits every type alike.
@@ -25,17 +26,24 @@ from pyturbo.llamacpp import perplexity, run_tool  # noqa: E402
 from pyturbo.types import cache_type  # noqa: E402
 
 QUALITY_TYPES = ["f16", "q8_0", "q4_0", "turboq8", "turboq4", "turboq3", "turboq2"]
-SPEED_TYPES = ["f16", "q4_0", "turboq3", "turboq4"]
+SPEED_TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3", "q8_0/turboq3", "turboq3:onerow", "q8_0/turboq3:onerow"]
+# one llama-bench process per depth, so that each depth is filled once per type (llama-bench keeps
+# the filled state for the reps of one depth)
+SPEED_RUNS = [["-p", "512,2048", "-n", "64"], ["-p", "512", "-n", "32", "-d", "4096"], ["-p", "0", "-n", "32", "-d", "16384"]]
+
+
+OPTIONS = {"uncentered": {"TURBOQ_K_CENTER": "0"},  # K centering off
+           "onerow": {"TURBOQ_FA_TILED": "0"}}       # CPU flash attention without the quantized tiled path
 
 
 def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
-    """'t' (K = V = t), 'k/v', plus ':LA' for a TURBO_LAYER_ADAPTIVE mode or ':uncentered'
-    (TURBOQ_K_CENTER=0): (label, K, V, environment)."""
+    """'t' (K = V = t), 'k/v', plus ':LA' for a TURBO_LAYER_ADAPTIVE mode, ':uncentered'
+    (TURBOQ_K_CENTER=0) or ':onerow' (TURBOQ_FA_TILED=0): (label, K, V, environment)."""
     spec, _, opt = c.partition(":")
     k, _, v = spec.partition("/")
     v = v or k
-    env = {"TURBOQ_K_CENTER": "0"} if opt == "uncentered" else {"TURBO_LAYER_ADAPTIVE": opt} if opt else {}
-    return c, k, v, env
+    env = OPTIONS.get(opt) or ({"TURBO_LAYER_ADAPTIVE": opt} if opt else {})
+    return c, k, v, dict(env)
 
 
 def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str]) -> float:
@@ -92,7 +100,7 @@ def bench_once(model: Path, config: str, threads: int, reps: int, extra: list[st
 
 def speed(args: argparse.Namespace) -> None:
     model = data.default_model()
-    configs = [["-p", "512", "-n", "64"], ["-p", "512", "-n", "32", "-d", str(args.depth)]]
+    configs = SPEED_RUNS
     samples: dict[str, dict[str, list[float]]] = {t: {} for t in args.types}
     for rnd in range(args.rounds):
         for cfg in configs:
@@ -102,17 +110,21 @@ def speed(args: argparse.Namespace) -> None:
                     print(f"# round {rnd} {t} {k}: {v:.2f} t/s", file=sys.stderr, flush=True)
     keys = list(samples[args.types[0]])
     med = {t: {k: statistics.median(v) for k, v in s.items()} for t, s in samples.items()}
-    print(f"\nGemma 3 270M, llama-bench -fa 1 -t {args.threads} -r {args.reps}, median of {args.rounds} interleaved rounds\n")
-    print("| K/V | " + " | ".join(f"{k} t/s" for k in keys) + " | " + " | ".join(f"{k} vs f16" for k in keys) + " |")
-    print("|---|" + "---|" * (2 * len(keys)))
-    for t in args.types:
-        vals = " | ".join(f"{med[t][k]:.2f}" for k in keys)
-        ratios = " | ".join(f"{med[t][k] / med['f16'][k]:.3f}" for k in keys)
-        print(f"| {t} | {vals} | {ratios} |")
-    if "q4_0" in med:
-        print()
+    print(f"\nGemma 3 270M, llama-bench -fa 1 -t {args.threads} -r {args.reps}, median of {args.rounds} interleaved rounds;"
+          " ':onerow' = TURBOQ_FA_TILED=0 (the one-row flash attention of before)\n")
+    for title, fmt in (("t/s", lambda t, k: f"{med[t][k]:.2f}"), ("vs f16", lambda t, k: f"{med[t][k] / med['f16'][k]:.3f}")):
+        print("| K/V | " + " | ".join(f"{k} {title}" for k in keys) + " |")
+        print("|---|" + "---|" * len(keys))
         for t in args.types:
-            if t.startswith("turboq") and "/" not in t:
+            print(f"| {t} | " + " | ".join(fmt(t, k) for k in keys) + " |")
+        print()
+    for t in args.types:
+        base = f"{t}:onerow"
+        if base in med:
+            print(f"{t} vs {base}: " + ", ".join(f"{k} {med[t][k] / med[base][k]:.3f}" for k in keys))
+    if "q4_0" in med:
+        for t in args.types:
+            if t.startswith("turboq") and "/" not in t and ":" not in t:
                 print(f"{t} vs q4_0: " + ", ".join(f"{k} {med[t][k] / med['q4_0'][k]:.3f}" for k in keys))
 
 
@@ -128,7 +140,6 @@ def main() -> None:
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--reps", type=int, default=2)
     s.add_argument("--rounds", type=int, default=2)
-    s.add_argument("--depth", type=int, default=4096)
     s.add_argument("--types", nargs="+", default=SPEED_TYPES)
     s.set_defaults(func=speed)
     args = ap.parse_args()

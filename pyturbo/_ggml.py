@@ -17,6 +17,13 @@ class TypeTraits(C.Structure):
                 ("to_float", C.c_void_p), ("from_float_ref", C.c_void_p)]
 
 
+class CPlan(C.Structure):
+    """struct ggml_cplan (ggml-cpu.h)"""
+    _fields_ = [("work_size", C.c_size_t), ("work_data", C.c_void_p), ("n_threads", C.c_int),
+                ("threadpool", C.c_void_p), ("abort_callback", C.c_void_p),
+                ("abort_callback_data", C.c_void_p), ("use_ref", C.c_bool)]
+
+
 TO_FLOAT = C.CFUNCTYPE(None, C.c_void_p, C.c_void_p, C.c_int64)
 
 
@@ -61,6 +68,10 @@ class Ggml:
         b.ggml_nbytes.argtypes = [vp]
         cpu.ggml_graph_compute_with_ctx.restype = C.c_int
         cpu.ggml_graph_compute_with_ctx.argtypes = [vp, vp, C.c_int]
+        cpu.ggml_graph_plan.restype = CPlan
+        cpu.ggml_graph_plan.argtypes = [vp, C.c_int, vp]
+        cpu.ggml_graph_compute.restype = C.c_int
+        cpu.ggml_graph_compute.argtypes = [vp, C.POINTER(CPlan)]
         cpu.ggml_cpu_init.argtypes = []
         cpu.ggml_cpu_init()
 

@@ -119,15 +119,11 @@ def test_flash_attention_matches_numpy_on_dequantized_cache(lib, type_k, type_v,
     # the same attention in float64 NumPy over the cache as ggml decodes it
     kd = decoded(k.reshape(-1), type_k).reshape(k.shape)
     vd = decoded(v.reshape(-1), type_v).reshape(v.shape)
-    # ggml's non-turboq K path converts Q to the K type's vec_dot type (q8_0 for q4_0/q8_0, f16 for f16)
-    qd = q
-    if type_k in ("q8_0", "q4_0"):
-        qd = decoded(q.reshape(-1), "q8_0").reshape(q.shape)
-    elif type_k in ("f16", "bf16"):
-        qd = decoded(q.reshape(-1), type_k).reshape(q.shape)
-    want = numpy_attention(qd, kd, vd, scale)
+    # every pair here has a turboq side, so the CPU's tiled path runs it, with f32 Q and f32 sums
+    # (tests/test_flash_attn_tiled.py covers masks, batch sizes and the one-row path)
+    want = numpy_attention(q, kd, vd, scale)
     err = np.abs(out - want).max()
-    assert err < 2e-3 * max(1.0, np.abs(want).max()), f"max abs err {err}"
+    assert err < 1e-4 * max(1.0, np.abs(want).max()), f"max abs err {err}"
     exact = numpy_attention(q, k, v, scale)
     cos = float(np.sum(out * exact) / (np.linalg.norm(out) * np.linalg.norm(exact)))
     print(f"K={type_k} V={type_v} dk={dk}: cosine vs f32 attention {cos:.5f}")

@@ -79,9 +79,11 @@ def test_turboq_cache_ops_on_vulkan(vk_bin, op, n_cases):
 
 def test_turboq_flash_attention_on_vulkan_hs128(vk_bin):
     # every turboq type as K and as V (with itself, f16 and q8_0 on the other side), 4 query heads
-    # per KV head, batches of 1, 8 (the grouped-heads path) and 35 (row tiles, one partial), plus
-    # llama.cpp's layout (1 KV head, 3 streams, permuted views): 4 types x (5 pairs x 3 shapes + 1)
-    assert backend_ops(vk_bin, "FLASH_ATTN_EXT", "hsk=128,.*turboq") == 64
+    # per KV head, batches of 1, 8 (the grouped-heads path) and 35 (row tiles, one partial); batches
+    # of 64 and 200 (one and several query tiles of the CPU's tiled path, the reference here) with
+    # turboq and f16 K; llama.cpp's layout (1 KV head, 3 streams, permuted views):
+    # 4 types x (5 pairs x 3 shapes + 2 pairs x 2 shapes + 1)
+    assert backend_ops(vk_bin, "FLASH_ATTN_EXT", "hsk=128,.*turboq") == 80
 
 
 def test_turboq_perplexity_vulkan_matches_cpu(build_info, vk_bin, tmp_path, monkeypatch):

@@ -182,14 +182,101 @@ TURBOQ_DEFINE_FA_KERNELS(3)
 TURBOQ_DEFINE_FA_KERNELS(4)
 TURBOQ_DEFINE_FA_KERNELS(8)
 
+#define TURBOQ_DEFINE_DECODE_ROW(N)                                                                             \
+    static void turboq##N##_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {    \
+        const block_turboq##N##_0 * x = (const block_turboq##N##_0 *) vx;                                       \
+        for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib) {                                                     \
+            float * GGML_RESTRICT out = y + ib*TURBOQ_GROUP;                                                    \
+            const float norm = turboq##N##_decode(x + ib, out);                                                 \
+            for (int i = 0; i < TURBOQ_GROUP; ++i) {                                                            \
+                out[i] *= norm;                                                                                 \
+            }                                                                                                   \
+        }                                                                                                       \
+    }
+
+#if defined(__AVX512F__) && defined(TURBOQ_AVX2)
+// 16 lanes, and the block norm folded into the table: one permute per 16 values
+static inline __m512i turboq_bytes16(const uint8_t * p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *) p));
+}
+
+// The tables are repeated to 16 entries, so that permutexvar (which reads the low 4 bits of each
+// index) ignores the bits above an index; that saves the masking of the shifted bytes.
+static void turboq2_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+    const block_turboq2_0 * x = (const block_turboq2_0 *) vx;
+    const __m512 lut4 = _mm512_broadcast_f32x4(_mm_loadu_ps(turboq2_centroids));
+    for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib, y += TURBOQ_GROUP) {
+        const __m512 lut = _mm512_mul_ps(lut4, _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
+        const __m512i q[2] = { turboq_bytes16(x[ib].qs), turboq_bytes16(x[ib].qs + 16) };
+        // value 16m + i: qs[16(m%2) + i] >> 2(m/2)
+        for (int m = 0; m < 8; ++m) {
+            _mm512_storeu_ps(y + 16*m, _mm512_permutexvar_ps(_mm512_srli_epi32(q[m & 1], 2*(m/2)), lut));
+        }
+    }
+}
+
+static void turboq3_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+    const block_turboq3_0 * x = (const block_turboq3_0 *) vx;
+    const __m512  lut8  = _mm512_zextps256_ps512(_mm256_loadu_ps(turboq3_centroids));
+    const __m512  lut16 = _mm512_shuffle_f32x4(lut8, lut8, 0x44);
+    const __m512i low2  = _mm512_set1_epi32(3);
+    for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib, y += TURBOQ_GROUP) {
+        const __m512 lut = _mm512_mul_ps(lut16, _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
+        const __m512i q[2] = { turboq_bytes16(x[ib].qs), turboq_bytes16(x[ib].qs + 16) };
+        const __m512i h = turboq_bytes16(x[ib].qh);
+        // value 16m + i: low bits at qs[16(m%2) + i] >> 2(m/2), high bit at qh[i] bit m, moved to
+        // bit 2; the select (0xCA: low2 ? lo : hi) takes bits 0-1 from lo and the rest from hi
+        for (int m = 0; m < 8; ++m) {
+            const __m512i lo = _mm512_srli_epi32(q[m & 1], 2*(m/2));
+            const __m512i hi = m >= 2 ? _mm512_srli_epi32(h, m - 2) : _mm512_slli_epi32(h, 2 - m);
+            const __m512i idx = _mm512_ternarylogic_epi32(low2, lo, hi, 0xCA);
+            _mm512_storeu_ps(y + 16*m, _mm512_permutexvar_ps(idx, lut));
+        }
+    }
+}
+
+static void turboq4_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+    const block_turboq4_0 * x = (const block_turboq4_0 *) vx;
+    for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib, y += TURBOQ_GROUP) {
+        const __m512 lut = _mm512_mul_ps(_mm512_loadu_ps(turboq4_centroids), _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
+        // byte i holds value i (low nibble) and value i + 64 (high nibble)
+        for (int m = 0; m < 4; ++m) {
+            const __m512i q = turboq_bytes16(x[ib].qs + 16*m);
+            _mm512_storeu_ps(y + 16*m,      _mm512_permutexvar_ps(q, lut));  // reads bits 0-3 only
+            _mm512_storeu_ps(y + 16*m + 64, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut));
+        }
+    }
+}
+
+static void turboq8_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+    const block_turboq8_0 * x = (const block_turboq8_0 *) vx;
+    for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib, y += TURBOQ_GROUP) {
+        // norm * (q/127.5 - 1)
+        const float norm = GGML_CPU_FP16_TO_FP32(x[ib].norm);
+        const __m512 step = _mm512_set1_ps(norm/127.5f);
+        const __m512 off  = _mm512_set1_ps(norm);
+        for (int m = 0; m < 8; ++m) {
+            const __m512 q = _mm512_cvtepi32_ps(turboq_bytes16(x[ib].qs + 16*m));
+            _mm512_storeu_ps(y + 16*m, _mm512_fmsub_ps(q, step, off));
+        }
+    }
+}
+#else
+TURBOQ_DEFINE_DECODE_ROW(2)
+TURBOQ_DEFINE_DECODE_ROW(3)
+TURBOQ_DEFINE_DECODE_ROW(4)
+TURBOQ_DEFINE_DECODE_ROW(8)
+#endif
+
 static const struct {
     ggml_vec_dot_t         kq_dot;
     ggml_turboq_fa_v_mad_t v_mad;
+    void (*decode_row)(const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t n);
 } turboq_fa_kernels[] = {
-    [GGML_TYPE_TURBOQ2_0 - GGML_TYPE_TURBOQ2_0] = { turboq2_fa_kq_dot, turboq2_fa_v_mad },
-    [GGML_TYPE_TURBOQ3_0 - GGML_TYPE_TURBOQ2_0] = { turboq3_fa_kq_dot, turboq3_fa_v_mad },
-    [GGML_TYPE_TURBOQ4_0 - GGML_TYPE_TURBOQ2_0] = { turboq4_fa_kq_dot, turboq4_fa_v_mad },
-    [GGML_TYPE_TURBOQ8_0 - GGML_TYPE_TURBOQ2_0] = { turboq8_fa_kq_dot, turboq8_fa_v_mad },
+    [GGML_TYPE_TURBOQ2_0 - GGML_TYPE_TURBOQ2_0] = { turboq2_fa_kq_dot, turboq2_fa_v_mad, turboq2_decode_row },
+    [GGML_TYPE_TURBOQ3_0 - GGML_TYPE_TURBOQ2_0] = { turboq3_fa_kq_dot, turboq3_fa_v_mad, turboq3_decode_row },
+    [GGML_TYPE_TURBOQ4_0 - GGML_TYPE_TURBOQ2_0] = { turboq4_fa_kq_dot, turboq4_fa_v_mad, turboq4_decode_row },
+    [GGML_TYPE_TURBOQ8_0 - GGML_TYPE_TURBOQ2_0] = { turboq8_fa_kq_dot, turboq8_fa_v_mad, turboq8_decode_row },
 };
 
 ggml_vec_dot_t ggml_turboq_fa_kq_dot(enum ggml_type k_type) {
@@ -198,4 +285,9 @@ ggml_vec_dot_t ggml_turboq_fa_kq_dot(enum ggml_type k_type) {
 
 ggml_turboq_fa_v_mad_t ggml_turboq_fa_v_mad(enum ggml_type v_type) {
     return ggml_is_turboq(v_type) ? turboq_fa_kernels[v_type - GGML_TYPE_TURBOQ2_0].v_mad : NULL;
+}
+
+void ggml_turboq_fa_decode_row(enum ggml_type type, const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t n) {
+    GGML_ASSERT(ggml_is_turboq(type));
+    turboq_fa_kernels[type - GGML_TYPE_TURBOQ2_0].decode_row(x, y, n);
 }

@@ -29,6 +29,8 @@ void ggml_turboq_fa_rotate_q(const float * GGML_RESTRICT x, void * GGML_RESTRICT
 ggml_vec_dot_t         ggml_turboq_fa_kq_dot(enum ggml_type k_type);
 // acc += w * V row, acc in the rotated domain
 ggml_turboq_fa_v_mad_t ggml_turboq_fa_v_mad (enum ggml_type v_type);
+// a K or V row in the rotated domain, block norms applied (tiled flash attention)
+void ggml_turboq_fa_decode_row(enum ggml_type type, const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t n);
 
 #ifdef __cplusplus
 }

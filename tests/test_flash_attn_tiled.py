@@ -1,0 +1,127 @@
+"""The CPU's tiled flash attention for quantized and mixed K/V (ggml-cpu/fattn-tiled-q.cpp).
+
+Every case is checked against float64 NumPy attention over the cache as ggml decodes it, with f32 Q.
+The tolerance (1e-4 of the output scale) is far below what the one-row path reaches on q8_0/q4_0 K
+(it quantizes Q to q8_0, about 1e-3) or f16 V (f16 accumulators), so these cases fail if the tiled
+path is not the one that ran. The one-row path (ggml's use_ref) is compared as well, where it computes
+in f32 too (turboq K and V).
+
+Shapes: batches of 1 and 8 (decode, one tile of grouped heads), 35, 64, 65 and 200 (one, a partial
+and several query tiles), head sizes 128 and 256, 4 query heads per KV head, masks with fully masked
+K/V tiles and a fully masked query row, and 1 or 2 threads (2 splits the KV range in decode).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyturbo import codec
+from pyturbo.types import cache_type
+
+TOL = 1e-4
+
+PAIRS = [("turboq3", "turboq3"), ("turboq4", "turboq4"), ("turboq2", "turboq2"), ("turboq8", "turboq8"),
+         ("f16", "turboq3"), ("q8_0", "turboq3"), ("turboq4", "f16"), ("turboq3", "q8_0"),
+         ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("bf16", "turboq4"), ("turboq4", "turboq2")]
+
+
+def decoded(x: np.ndarray, type_name: str) -> np.ndarray:
+    t = cache_type(type_name)
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if t.name == "f16":
+        return flat.astype(np.float16).astype(np.float32).reshape(x.shape)
+    if t.name == "bf16":
+        u = flat.view(np.uint32)
+        return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32).reshape(x.shape)
+    return codec.dequantize(codec.quantize(flat, t), t).reshape(x.shape)
+
+
+def numpy_attention(q, k, v, scale, mask, softcap=0.0):
+    rep = q.shape[0] // k.shape[0]
+    k = np.repeat(k.astype(np.float64), rep, axis=0)
+    v = np.repeat(v.astype(np.float64), rep, axis=0)
+    s = np.einsum("hqd,hkd->hqk", q.astype(np.float64), k) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    s = s + mask.astype(np.float64)
+    m = s.max(axis=-1, keepdims=True)
+    m[~np.isfinite(m)] = 0.0
+    p = np.exp(s - m)
+    den = p.sum(axis=-1, keepdims=True)
+    den[den == 0] = 1.0          # a fully masked row: ggml writes zeros
+    return np.einsum("hqk,hkd->hqd", p / den, v)
+
+
+def causal_mask(n_q: int, n_kv: int, hidden_prefix: int, hidden_row: int | None) -> np.ndarray:
+    """Causal over the last n_q cached rows, the first hidden_prefix rows hidden from every query
+    (whole K/V tiles the path must skip), and one query row that sees nothing."""
+    m = np.zeros((n_q, n_kv), dtype=np.float32)
+    for i in range(n_q):
+        m[i, n_kv - n_q + i + 1:] = -np.inf
+    m[:, :hidden_prefix] = -np.inf
+    if hidden_row is not None:
+        m[hidden_row] = -np.inf
+    return m
+
+
+def case(seed: int, n_head: int, n_head_kv: int, n_q: int, n_kv: int, dk: int):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((n_head, n_q, dk)).astype(np.float32)
+    k = (rng.standard_normal((n_head_kv, n_kv, dk)) * 0.5).astype(np.float32)
+    v = rng.standard_normal((n_head_kv, n_kv, dk)).astype(np.float32)
+    return q, k, v
+
+
+@pytest.mark.parametrize("type_k,type_v", PAIRS)
+@pytest.mark.parametrize("dk", [128, 256])
+@pytest.mark.parametrize("n_q", [1, 8, 35, 64, 65, 200])
+def test_tiled_flash_attention_matches_numpy(lib, type_k, type_v, dk, n_q):
+    n_kv = 700
+    q, k, v = case(n_q * 7 + dk, 4, 1, n_q, n_kv, dk)
+    mask = causal_mask(n_q, n_kv, hidden_prefix=200, hidden_row=3 if n_q > 3 else None)
+    scale = 1.0 / np.sqrt(dk)
+    want = numpy_attention(q, decoded(k, type_k), decoded(v, type_v), scale, mask.astype(np.float16))
+    bound = TOL * max(1.0, float(np.abs(want).max()))
+    for n_threads in (1, 2):
+        out = codec.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=n_threads, mask=mask)
+        err = float(np.abs(out - want).max())
+        assert err < bound, f"{n_threads} threads: max abs err {err:.3g} > {bound:.3g}"
+    if n_q > 3:
+        assert not out[:, 3].any(), "a fully masked query row must come out as zeros"
+    if cache_type(type_k).is_turboq and cache_type(type_v).is_turboq:
+        ref = codec.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=1, mask=mask, reference=True)
+        err = float(np.abs(out - ref).max())
+        assert err < bound, f"one-row path differs by {err:.3g}"
+
+
+@pytest.mark.parametrize("type_k,type_v", [("turboq3", "turboq3"), ("q8_0", "turboq4")])
+def test_tiled_flash_attention_grouping_per_head_mask_and_softcap(lib, type_k, type_v):
+    # 8 query heads over 2 KV heads, a mask that differs per head (ALiBi-free, so each row of the
+    # tile needs its own mask row) and Gemma 2's logit soft-capping
+    n_q, n_kv, dk = 70, 300, 128
+    q, k, v = case(11, 8, 2, n_q, n_kv, dk)
+    q *= 4.0  # large logits, so that the soft cap matters
+    rng = np.random.default_rng(5)
+    mask = np.where(rng.random((8, n_q, n_kv)) < 0.3, -np.inf, 0.0).astype(np.float32)
+    mask[:, :, :64] = -np.inf
+    scale, softcap = 1.0 / np.sqrt(dk), 5.0
+    want = numpy_attention(q, decoded(k, type_k), decoded(v, type_v), scale, mask.astype(np.float16), softcap)
+    bound = TOL * max(1.0, float(np.abs(want).max()))
+    without_cap = numpy_attention(q, decoded(k, type_k), decoded(v, type_v), scale, mask.astype(np.float16))
+    assert np.abs(without_cap - want).max() > 100 * bound, "the case must be sensitive to the soft cap"
+    for n_threads in (1, 2):
+        out = codec.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=n_threads, mask=mask, softcap=softcap)
+        err = float(np.abs(out - want).max())
+        assert err < bound, f"{n_threads} threads: max abs err {err:.3g} > {bound:.3g}"
+
+
+def test_one_row_path_is_still_reachable(lib):
+    # use_ref forces the one-row kernel: on q8_0 K it quantizes Q, so it must differ from the tiled
+    # result by more than the tiled path's own error (this is what keeps the test above meaningful)
+    q, k, v = case(3, 4, 1, 8, 300, 128)
+    mask = np.zeros((8, 300), dtype=np.float32)
+    tiled = codec.flash_attn(q, k, v, "q8_0", "q8_0", mask=mask)
+    ref = codec.flash_attn(q, k, v, "q8_0", "q8_0", mask=mask, reference=True)
+    want = numpy_attention(q, decoded(k, "q8_0"), decoded(v, "q8_0"), 1 / np.sqrt(128), mask)
+    assert np.abs(tiled - want).max() < TOL
+    assert np.abs(ref - want).max() > 3 * TOL
