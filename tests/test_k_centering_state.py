@@ -149,16 +149,27 @@ def test_restore_beside_another_sequence_recenters(lc, gemma, t):
     want = continuation(a)
     b = Ctx(lc, gemma, t)
     b.eval(1, other)  # fixes another mean in b's cache
+    other_state = b.save(1)
     assert b.restore(0, state, len(prompt))
+    # the other sequence is untouched: its cells, byte for byte
+    assert b.save(1) == other_state
     got = continuation(b)
     err_run = np.mean([kl(r, w) for r, w in zip(ref, want)])
     err_restored = np.mean([kl(r, g) for r, g in zip(ref, got)])
     print(f"{t}: KL vs f16 uninterrupted {err_run:.2e}, restored beside another sequence {err_restored:.2e}")
     assert err_restored <= 2 * err_run + 1e-3
-    # the other sequence is untouched
+    # and it reads as well as it does alone. Not bit for bit: the tiled CPU attention sums the
+    # cells in tiles of 64, so where seq 0's cells lie changes the float summation order (by
+    # ~1e-7 in the attention output), and the requantized K/V of the new tokens turn that into
+    # another quantization draw. So: as close to f16 as the sequence alone, up to one more draw.
     c = Ctx(lc, gemma, t)
     c.eval(1, other)
-    np.testing.assert_array_equal(b.eval(1, nxt), c.eval(1, nxt))
+    f = Ctx(lc, gemma, "f16")
+    f.eval(1, other)
+    want_other = f.eval(1, nxt)
+    alone, beside = kl(want_other, c.eval(1, nxt)), kl(want_other, b.eval(1, nxt))
+    print(f"{t}: other sequence, KL vs f16 alone {alone:.2e}, beside the restored one {beside:.2e}")
+    assert beside <= 2 * alone + 1e-3
 
 
 def restore_log(ctx: Ctx, state: bytes, n_pos: int) -> tuple[bool, str]:
