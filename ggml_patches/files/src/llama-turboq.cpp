@@ -79,6 +79,18 @@ double weight_rms(const ggml_tensor * t) {
 
 } // namespace
 
+bool llama_turboq_layer_policy(int32_t i, int32_t * out) {
+    if (i < 0 || (size_t) i >= sizeof(policies)/sizeof(policies[0])) {
+        return false;
+    }
+    const layer_policy & p = policies[i];
+    auto id = [](ggml_type t) { return t == KEEP ? -1 : (int32_t) t; };
+    const int32_t row[7] = { p.mode, (int32_t) p.n_first, (int32_t) p.n_last, (int32_t) p.k_gain_div,
+                             id(p.k_boundary), id(p.v_boundary), id(p.v_other) };
+    std::memcpy(out, row, sizeof(row));
+    return true;
+}
+
 int llama_turboq_layer_adaptive_mode() {
     const char * env = std::getenv("TURBO_LAYER_ADAPTIVE");
     if (env == nullptr || *env == '\0') {

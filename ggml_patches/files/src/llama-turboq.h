@@ -10,7 +10,7 @@
 //   5  V = turboq4 at the first 2 and last 2 layers, turboq2 elsewhere (K unchanged)
 //   6  V = turboq4 at the last 8 layers, turboq2 elsewhere (K unchanged)
 //   7  V = q8_0 at the first 2 and last 2 layers, turboq2 elsewhere (K unchanged)
-// The table is policies[] in llama-turboq.cpp; pyturbo reads the valid modes from the error text.
+// The table is policies[] in llama-turboq.cpp; pyturbo reads it through llama_turboq_layer_policy.
 
 #include "ggml.h"
 
@@ -21,6 +21,10 @@ struct llama_turboq_layer_types {
     ggml_type type_k;
     ggml_type type_v;
 };
+
+// row i of the table, for bindings (pyturbo): {mode, n_first, n_last, k_gain_div, k_boundary,
+// v_boundary, v_other}, ggml type ids with -1 for "as requested"; false past the last row
+extern "C" bool llama_turboq_layer_policy(int32_t i, int32_t * out);
 
 // the mode from TURBO_LAYER_ADAPTIVE (0 when unset); throws std::runtime_error for an invalid value
 int llama_turboq_layer_adaptive_mode();
