@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -20,16 +21,28 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-from pyturbo._paths import cache_dir  # noqa: E402  (pyturbo/_paths.py needs only the standard library)
 FILES_DIR = HERE / "files"
 SERIES = HERE / "series"
 
-UPSTREAM_SDIST = "llama-cpp-python==0.3.36"
-UPSTREAM_SDIST_NAME = "llama_cpp_python-0.3.36.tar.gz"
-UPSTREAM_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-UPSTREAM_COMMIT = "0c1e57098"
-VENDOR_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+
+def _load_paths():
+    # pyturbo/_paths.py (standard library only) holds the pin and the cache location; loaded by
+    # file so that this script runs before pyturbo is installed and without touching sys.path
+    spec = importlib.util.spec_from_file_location("pyturbo_paths", HERE.parent / "pyturbo" / "_paths.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_paths = _load_paths()
+cache_dir = _paths.cache_dir
+_PIN = _paths.pin()
+UPSTREAM_COMMIT = _PIN["llama_cpp_commit"]
+UPSTREAM_SDIST = f"{_PIN['sdist_project']}=={_PIN['sdist_version']}"
+UPSTREAM_SDIST_SHA256 = _PIN["sdist_sha256"]
+_SDIST_STEM = f"{_PIN['sdist_project'].replace('-', '_')}-{_PIN['sdist_version']}"
+UPSTREAM_SDIST_NAME = f"{_SDIST_STEM}.tar.gz"
+VENDOR_PREFIX = f"{_SDIST_STEM}/vendor/llama.cpp/"
 
 
 def sha256_of(path: Path) -> str:
@@ -127,9 +140,15 @@ def inputs_digest() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--dest", required=True, type=Path, help="directory that receives the patched tree")
+    ap.add_argument("--dest", type=Path, help="directory that receives the patched tree")
+    ap.add_argument("--print-sdist", action="store_true", help="fetch the pinned sdist (cached) and print its path")
     ap.add_argument("--pristine", action="store_true", help="extract upstream only, apply nothing")
     args = ap.parse_args()
+    if args.print_sdist:
+        print(fetch_sdist())
+        return
+    if args.dest is None:
+        ap.error("--dest is required")
     dest: Path = args.dest.resolve()
     stamp = dest.parent / (dest.name + ".stamp")
     digest = "pristine" if args.pristine else inputs_digest()

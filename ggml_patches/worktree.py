@@ -18,8 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import prepare  # noqa: E402
+import prepare  # beside this script, so on sys.path when it runs
 
 HERE = prepare.HERE
 
@@ -37,7 +36,7 @@ def cmd_apply(tree: Path) -> None:
     prepare.extract_upstream(prepare.fetch_sdist(), tree)
     git(tree, "init", "-q")
     git(tree, "add", "-A")
-    git(tree, "commit", "-q", "--no-verify", "-m", f"llama.cpp {prepare.UPSTREAM_COMMIT} (llama-cpp-python 0.3.36 sdist)")
+    git(tree, "commit", "-q", "--no-verify", "-m", f"llama.cpp {prepare.UPSTREAM_COMMIT} ({prepare.UPSTREAM_SDIST} sdist)")
     git(tree, "tag", "pyturbo-upstream")
     for rel in prepare.new_files():
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)

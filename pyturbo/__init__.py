@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from . import data
+from ._paths import pin as _pin
 from .types import CACHE_TYPES, TURBOQ_TYPES, CacheType, cache_type
 
-UPSTREAM_COMMIT = "0c1e57098"
-UPSTREAM_SDIST = "llama-cpp-python==0.3.36"
+UPSTREAM_COMMIT: str = _pin()["llama_cpp_commit"]
+UPSTREAM_SDIST: str = f"{_pin()['sdist_project']}=={_pin()['sdist_version']}"
 
 __all__ = ["data", "CACHE_TYPES", "TURBOQ_TYPES", "CacheType", "cache_type", "UPSTREAM_COMMIT", "UPSTREAM_SDIST", "Llama",
            "kv_bytes"]

@@ -1,29 +1,86 @@
-"""Where the patched llama.cpp build lives.
+"""Where the patched llama.cpp build lives, and the one place that points processes at it.
 
-Default: <checkout>/build (what `cmake -S . -B build` makes). PYTURBO_BUILD_DIR overrides it.
+The libraries and tools are looked for, in order:
+1. $PYTURBO_BUILD_DIR/bin, when PYTURBO_BUILD_DIR is set;
+2. pyturbo/native, where `pip install .` puts them;
+3. <checkout>/build/bin, what `bash scripts/setup.sh` (or `cmake -S . -B build`) makes.
 """
 from __future__ import annotations
 
+import json
 import os
+from functools import lru_cache
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent  # meaningful in a checkout (and an editable install) only
+PIN_FILE = PACKAGE_DIR / "upstream.json"
+_MARKER = "libggml-base.so"
+
+
+@lru_cache(maxsize=1)
+def pin() -> dict:
+    """The upstream pin (pyturbo/upstream.json): llama.cpp commit and the sdist that vendors it."""
+    return json.loads(PIN_FILE.read_text())
 
 
 def build_dir() -> Path:
+    """The CMake build directory of a checkout build (PYTURBO_BUILD_DIR or <checkout>/build)."""
     env = os.environ.get("PYTURBO_BUILD_DIR")
     return Path(env).resolve() if env else REPO_ROOT / "build"
 
 
 def lib_dir() -> Path:
-    """Directory with libllama.so and libggml*.so (llama.cpp puts them beside the binaries)."""
+    """Directory with libllama.so, libggml*.so and the tools (llama.cpp puts them side by side)."""
+    if os.environ.get("PYTURBO_BUILD_DIR"):
+        return build_dir() / "bin"
+    installed = PACKAGE_DIR / "native"
+    if (installed / _MARKER).exists():
+        return installed
     return build_dir() / "bin"
 
 
 def binary(name: str) -> Path:
     path = lib_dir() / name
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: build it with `cmake --build {build_dir()} --target pyturbo`")
+        raise FileNotFoundError(f"{path} is missing: build it with `bash scripts/setup.sh` "
+                                f"(or `cmake --build {build_dir()} --target pyturbo`), or `pip install .`")
+    return path
+
+
+def tool_env(extra: dict[str, str] | None = None, libs: Path | None = None) -> dict[str, str]:
+    """The environment for a child process that runs a built tool (libs: another build's bin, e.g. Vulkan)."""
+    env = dict(os.environ)
+    libs = libs or lib_dir()
+    env["LD_LIBRARY_PATH"] = str(libs) + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    env.update(extra or {})
+    return env
+
+
+class UnpatchedLibraryError(ImportError):
+    """The libllama that llama-cpp-python would load is not this project's patched build."""
+
+
+def use_patched_llama_cpp() -> Path:
+    """Point llama-cpp-python at the patched libllama (LLAMA_CPP_LIB_PATH), before llama_cpp is imported.
+
+    A LLAMA_CPP_LIB_PATH that the user set is kept, but it must hold a patched build: an
+    unpatched libllama would abort on the first turboq cache instead of refusing it.
+    """
+    path = Path(os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(lib_dir())))
+    base = path / _MARKER
+    if not base.exists():
+        raise UnpatchedLibraryError(f"LLAMA_CPP_LIB_PATH={path}: no {_MARKER} there; build pyturbo "
+                                    f"(bash scripts/setup.sh) or point it at a pyturbo build's bin directory")
+    import ctypes
+    try:
+        lib = ctypes.CDLL(str(base))
+        patched = hasattr(lib, "ggml_is_turboq")
+    except OSError as e:
+        raise UnpatchedLibraryError(f"LLAMA_CPP_LIB_PATH={path}: {base} does not load: {e}") from None
+    if not patched:
+        raise UnpatchedLibraryError(f"LLAMA_CPP_LIB_PATH={path}: {base} is an unpatched llama.cpp build "
+                                    f"(no turboq types); unset LLAMA_CPP_LIB_PATH or point it at a pyturbo build")
     return path
 
 

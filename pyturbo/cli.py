@@ -7,8 +7,7 @@ import os
 import sys
 
 from . import UPSTREAM_COMMIT, UPSTREAM_SDIST, data
-from ._paths import binary, build_dir, lib_dir
-from .llamacpp import tool_env
+from ._paths import binary, lib_dir, tool_env
 from .types import CACHE_TYPES
 
 LLAMA_TOOLS = ("llama-server", "llama-perplexity", "llama-bench", "llama-cli", "test-backend-ops")
@@ -29,7 +28,6 @@ def cmd_doctor(args: argparse.Namespace) -> None:
 
     report: dict = {
         "upstream": {"commit": UPSTREAM_COMMIT, "sdist": UPSTREAM_SDIST},
-        "build_dir": str(build_dir()),
         "lib_dir": str(lib_dir()),
         "binaries": {t: str(lib_dir() / t) if (lib_dir() / t).exists() else None for t in LLAMA_TOOLS},
         "types": [{"name": t.name, "id": t.ggml_id, "block_values": t.block_size, "block_bytes": t.block_bytes,
@@ -49,6 +47,12 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         report["backends"] = f"libggml not loadable: {e}"
     ok = True
     try:
+        from . import layer_adaptive
+        report["layer_adaptive_modes"] = list(layer_adaptive.modes())
+    except OSError as e:
+        report["layer_adaptive_modes"] = f"libllama not loadable: {e}"
+        ok = False
+    try:
         from . import codec, reference
         x = np.random.default_rng(0).standard_normal(256).astype(np.float32)
         for t in ("turboq2", "turboq3", "turboq4", "turboq8"):
@@ -64,6 +68,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         print(f"upstream llama.cpp {UPSTREAM_COMMIT} ({UPSTREAM_SDIST})")
         print(f"libraries: {report['lib_dir']}")
         print(f"backends: {report['backends']}")
+        print(f"layer-adaptive modes: {report['layer_adaptive_modes']}")
         for t, p in report["binaries"].items():
             print(f"  {t:18s} {p or 'MISSING'}")
         print(f"{'type':8s} {'id':>3s} {'bytes/block':>11s} {'values':>6s} {'bpw':>6s}")
@@ -75,7 +80,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
 
 
 def cmd_perplexity(args: argparse.Namespace) -> None:
-    from .perplexity import sliding_window_perplexity
+    from .sliding_window import sliding_window_perplexity
     from .types import cache_type
 
     model = args.model or str(data.default_model())
@@ -117,13 +122,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="score only targets at window offsets >= N; --max-length 512 --stride 512 --score-from 257 "
                         "is llama-perplexity -c 512 exactly")
     p.set_defaults(func=cmd_perplexity)
-    p = sub.add_parser("bench", help="PPL / KLD / speed / KV memory matrix, Markdown + PNG")
-    p.add_argument("--model")
-    p.add_argument("-f", "--file")
-    p.add_argument("--quick", action="store_true", help="4 configurations, tiny runs (for CI)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default="bench-out")
-    p.set_defaults(func=lambda a: __import__("pyturbo.bench", fromlist=["main"]).main(a.model, a.file, a.quick, a.threads, a.out))
+    p = sub.add_parser("bench", help="benchmarks: matrix, quality, speed, serve (ratios measured in one run)")
+    from .bench import add_parsers as add_bench_parsers
+    add_bench_parsers(p.add_subparsers(dest="bench", required=True))
     p = sub.add_parser("kvlab", help="K/V lab: real Q/K/V replayed with encoder variants (pyturbo.kvlab)")
     p.add_argument("action", choices=["dump", "replay", "validate"],
                    help="dump Q/K/V; replay the variant table; validate = replay + llama-perplexity KLD and rank correlation")

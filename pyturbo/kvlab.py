@@ -373,7 +373,7 @@ def end_to_end(names: list[str], chunks: int, threads: int = 2, seed: int | None
     import tempfile
 
     from . import data
-    from .llamacpp import perplexity
+    from .tools import llama_perplexity as perplexity
 
     model, text = data.default_model(), data.corpus()
     out = {}

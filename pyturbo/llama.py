@@ -12,17 +12,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import sys
 import threading
 from typing import Any, Iterator
 
-from ._paths import lib_dir
+from . import layer_adaptive as _la
+from ._paths import use_patched_llama_cpp
 from .types import CACHE_TYPES, TURBOQ_TYPES, CacheType, cache_type
 
-os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(lib_dir()))
+use_patched_llama_cpp()
 
 import llama_cpp  # noqa: E402  (must come after LLAMA_CPP_LIB_PATH)
 
-LAYER_ADAPTIVE_MODES = (0, 1, 2, 3, 5, 6, 7)  # the table is llama-turboq.cpp's; a test compares
 GGML_LOG_LEVEL_ERROR = 4
 GGML_LOG_LEVEL_CONT = 5
 _create_lock = threading.Lock()
@@ -38,8 +39,7 @@ def _layer_adaptive_env(mode: int | None) -> Iterator[None]:
     if mode is None:
         yield
         return
-    if mode not in LAYER_ADAPTIVE_MODES:
-        raise ValueError(f"layer_adaptive={mode!r}: valid modes are {', '.join(map(str, LAYER_ADAPTIVE_MODES))}")
+    _la.check_mode(mode)
     old = os.environ.get("TURBO_LAYER_ADAPTIVE")
     os.environ["TURBO_LAYER_ADAPTIVE"] = str(mode)
     try:
@@ -52,8 +52,8 @@ def _layer_adaptive_env(mode: int | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _captured_llama_log(verbose: bool) -> Iterator[list[str]]:
-    """Collect llama.cpp's log lines (and still print them when verbose)."""
+def captured_log(verbose: bool) -> Iterator[list[tuple[int, str]]]:
+    """Collect llama.cpp's log lines as (level, text) while the block runs (and still print them when verbose)."""
     lines: list[tuple[int, str]] = []
 
     @llama_cpp.llama_log_callback
@@ -63,7 +63,7 @@ def _captured_llama_log(verbose: bool) -> Iterator[list[str]]:
             level = lines[-1][0]
         lines.append((level, msg))
         if verbose:
-            print(msg, end="", flush=True, file=__import__("sys").stderr)
+            print(msg, end="", flush=True, file=sys.stderr)
 
     llama_cpp.llama_log_set(_cb, ctypes.c_void_p(0))
     try:
@@ -76,6 +76,19 @@ def _captured_llama_log(verbose: bool) -> Iterator[list[str]]:
 def _errors(lines: list[tuple[int, str]]) -> str:
     text = "".join(msg for level, msg in lines if level == GGML_LOG_LEVEL_ERROR)
     return "\n".join(dict.fromkeys(ln.strip() for ln in text.splitlines() if ln.strip()))
+
+
+@contextlib.contextmanager
+def creating_context(layer_adaptive: int | None = None, verbose: bool = True) -> Iterator[None]:
+    """Wrap the creation of a llama_cpp.Llama (by us or by llama-cpp-python's server):
+    TURBO_LAYER_ADAPTIVE set for this model only, one creation at a time (the variable is
+    process-wide), and a refusal raised as ContextError with llama.cpp's reason."""
+    with _create_lock, _layer_adaptive_env(layer_adaptive), captured_log(verbose) as log:
+        try:
+            yield
+        except ValueError as e:
+            reason = _errors(log)
+            raise ContextError(f"{e}: {reason}" if reason else str(e)) from None
 
 
 class Llama(llama_cpp.Llama):
@@ -94,20 +107,17 @@ class Llama(llama_cpp.Llama):
             if kwargs.get(key) is not None:
                 _check_type_id(kwargs[key])
         turboq_ids = {CACHE_TYPES[n].ggml_id for n in TURBOQ_TYPES}
-        wants_turboq = (kwargs.get("type_k") in turboq_ids or kwargs.get("type_v") in turboq_ids
-                        or (layer_adaptive or 0) in (5, 6, 7))
+        policy = _la.policies().get(layer_adaptive or 0)
+        la_turboq = policy is not None and any(t in TURBOQ_TYPES for t in (policy.k_boundary, policy.v_boundary, policy.v_other))
+        wants_turboq = kwargs.get("type_k") in turboq_ids or kwargs.get("type_v") in turboq_ids or la_turboq
         if wants_turboq:
             kwargs.setdefault("flash_attn", True)
         self.cache_type_k = tk.name if tk else None
         self.cache_type_v = tv.name if tv else None
         self.layer_adaptive = layer_adaptive or 0
         verbose = kwargs.get("verbose", True)
-        with _create_lock, _layer_adaptive_env(layer_adaptive), _captured_llama_log(verbose) as log:
-            try:
-                super().__init__(model_path, *args, **kwargs)
-            except ValueError as e:
-                reason = _errors(log)
-                raise ContextError(f"{e}: {reason}" if reason else str(e)) from None
+        with creating_context(layer_adaptive, verbose):
+            super().__init__(model_path, *args, **kwargs)
 
     def __del__(self) -> None:
         # llama_cpp.Llama.__del__ assumes __init__ got far enough to set up its resources

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .layer_adaptive import layer_types
 from .types import cache_type
 
 KV_PAD = 256
@@ -32,15 +33,13 @@ class KvGeometry:
 
 
 def kv_geometry(model: str | Path) -> KvGeometry:
-    import gguf
+    from .gguf_meta import read_metadata
 
-    r = gguf.GGUFReader(str(model))
+    meta = read_metadata(model)
 
     def field(key: str, default=None):
-        f = r.fields.get(key)
-        if f is None:
-            return default
-        return f.parts[f.data[0]][0].item() if f.types[0] != gguf.GGUFValueType.STRING else bytes(f.parts[f.data[0]]).decode()
+        value = meta.get(key)
+        return default if value is None else value
 
     arch = field("general.architecture")
     n_head = field(f"{arch}.attention.head_count")
@@ -58,12 +57,18 @@ def _pad(n: int) -> int:
 
 
 def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16",
-             layer_adaptive: int = 0, n_seq: int = 1, n_ubatch: int = 512, swa_full: bool = False) -> int:
+             layer_adaptive: int = 0, n_seq: int = 1, n_ubatch: int = 512, swa_full: bool = False,
+             n_stream: int = 1) -> int:
     """Bytes of K and V that llama.cpp allocates for this model and context.
 
     swa_full: sliding-window layers keep all n_ctx cells (llama.cpp's --swa-full; llama-cpp-python's
     Llama defaults to it, llama.cpp's tools do not).
+    n_stream: separate caches of n_ctx / n_stream cells each, one per sequence: llama-server's
+    slots without --kv-unified (n_stream = n_seq = --parallel).
     """
+    if n_stream > 1:
+        return n_stream * kv_bytes(model, n_ctx // n_stream, cache_type_k, cache_type_v, layer_adaptive,
+                                   max(1, n_seq // n_stream), n_ubatch, swa_full)
     g = kv_geometry(model)
     cells_full = _pad(n_ctx)
     cells_swa = (cells_full if swa_full else min(cells_full, _pad(g.n_swa * n_seq + n_ubatch))) if g.n_swa else 0
@@ -75,15 +80,3 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
             ct = cache_type(t)
             total += cells * g.n_head_kv * hd // ct.block_size * ct.block_bytes
     return total
-
-
-def layer_types(mode: int, il: int, n_layer: int, type_k: str, type_v: str) -> tuple[str, str]:
-    """Mirror of llama-turboq.cpp's TURBO_LAYER_ADAPTIVE table."""
-    table = {1: (4, 4, True, "q8_0", None), 2: (0, 8, True, "q8_0", None), 5: (2, 2, False, "turboq4", "turboq2"),
-             6: (0, 8, False, "turboq4", "turboq2"), 7: (2, 2, False, "q8_0", "turboq2")}
-    if mode not in table:
-        return type_k, type_v
-    n_first, n_last, set_k, boundary, other_v = table[mode]
-    if il < n_first or il + n_last >= n_layer:
-        return (boundary if set_k else type_k), boundary
-    return type_k, other_v or type_v

@@ -8,7 +8,7 @@
 # Environment (all optional):
 #   PYTURBO_UPSTREAM_DIR  patched llama.cpp tree; default: upstream_src of $MAIN_BUILD/pyturbo-build.json,
 #                         else $MAIN_BUILD/upstream/llama.cpp (what `cmake -B build` prepares)
-#   MAIN_BUILD            the main build dir (default: build)
+#   PYTURBO_BUILD_DIR     the main build dir, as in scripts/setup.sh (default: build)
 #   CUDA_CHECK_BUILD      the CUDA build dir (default: build-cuda-check; never the main build)
 #   CUDA_CHECK_JOBS       parallel compiles (default: nproc)
 #   CUDA_CHECK_ARCH       CMAKE_CUDA_ARCHITECTURES (default: 90)
@@ -23,7 +23,7 @@ t_start=$(date +%s)
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-MAIN_BUILD=${MAIN_BUILD:-build}
+MAIN_BUILD=${PYTURBO_BUILD_DIR:-build}
 BDIR=${CUDA_CHECK_BUILD:-build-cuda-check}
 JOBS=${CUDA_CHECK_JOBS:-$(nproc)}
 ARCH=${CUDA_CHECK_ARCH:-90}

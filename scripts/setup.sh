@@ -21,13 +21,15 @@ fi
 python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt
 
 BUILD_DIR=${PYTURBO_BUILD_DIR:-build}
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
+# the interpreter is named each time: `pip install .` configures the same build dir from its own
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)" --target pyturbo
 
 # llama-cpp-python from the same pinned sdist, without its own llama.cpp: pyturbo points it at
 # build/bin through LLAMA_CPP_LIB_PATH
-if [ "$(python3 -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' 2>/dev/null)" != "0.3.36" ]; then
+pinned=$(python3 -c 'import json; print(json.load(open("pyturbo/upstream.json"))["sdist_version"])')
+if [ "$(python3 -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' 2>/dev/null)" != "$pinned" ]; then
     CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF -DMTMD_BUILD=OFF" python3 -m pip install --quiet \
-        --disable-pip-version-check --no-deps "$(python3 -c 'import sys; sys.path.insert(0, "ggml_patches"); import prepare; print(prepare.fetch_sdist())')"
+        --disable-pip-version-check --no-deps "$(python3 ggml_patches/prepare.py --print-sdist)"
 fi
 python3 -m pyturbo doctor

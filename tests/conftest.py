@@ -1,17 +1,14 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from pyturbo import _paths
 
-from pyturbo import _paths  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_report_header(config):
@@ -28,16 +25,10 @@ def build_info() -> dict:
 
 @pytest.fixture(scope="session")
 def lib(build_info):
-    from pyturbo._ggml import ggml
+    from pyturbo.ggml import ggml
     return ggml()
 
 
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
-
-
-def run_env() -> dict:
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = str(_paths.lib_dir()) + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
-    return env

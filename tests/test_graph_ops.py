@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pyturbo import reference
-from pyturbo._ggml import InitParams
+from pyturbo.ggml import InitParams
 from pyturbo.types import TURBOQ_TYPES, cache_type
 
 

@@ -175,8 +175,8 @@ def test_restore_beside_another_sequence_recenters(lc, gemma, t):
 def restore_log(ctx: Ctx, state: bytes, n_pos: int) -> tuple[bool, str]:
     """Restore into seq 0 and return llama.cpp's log of it (captured by callback: whether it
     also reaches stderr depends on the log callback other tests left installed)."""
-    from pyturbo.llama import _captured_llama_log
-    with _captured_llama_log(verbose=False) as lines:
+    from pyturbo.llama import captured_log
+    with captured_log(verbose=False) as lines:
         ok = ctx.restore(0, state, n_pos)
     return ok, "".join(text for _, text in lines)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pyturbo import data
-from pyturbo.llamacpp import perplexity, run_tool
+from pyturbo.tools import llama_perplexity as perplexity, run_tool
 
 TYPES = ["f16", "q8_0", "q4_0", "turboq8", "turboq4", "turboq3", "turboq2"]
 
@@ -126,16 +126,16 @@ def test_llama_bench_accepts_turboq(tiny128):
 
 
 def test_invalid_layer_adaptive_mode_is_an_error(tiny128, short_text, monkeypatch):
-    from pyturbo.llama import LAYER_ADAPTIVE_MODES
+    from pyturbo import layer_adaptive
     monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "4")
     r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128",
                  "-ctk", "turboq3", "-ctv", "turboq3", check=False)
     assert r.returncode > 0
     out = r.stderr + r.stdout
     assert "invalid TURBO_LAYER_ADAPTIVE='4'" in out
-    # the C table is the truth; pyturbo's list of modes must be the same
+    # the C table is the truth; pyturbo reads its modes from the library, and they must be the ones it lists
     listed = re.search(r"valid modes are ([\d, ]+)", out).group(1)
-    assert tuple(int(m) for m in listed.split(",")) == LAYER_ADAPTIVE_MODES
+    assert tuple(int(m) for m in listed.split(",")) == layer_adaptive.modes()
 
 
 @pytest.mark.parametrize("mode,expect", [
@@ -152,6 +152,13 @@ def test_layer_adaptive_modes_on_gemma_iswa(gemma, short_text, monkeypatch, mode
     for il, (k, v) in expect.items():
         assert f"layer {il:3d}: TURBO_LAYER_ADAPTIVE={mode}: K {k}, V {v}" in r.log
     assert math.isfinite(r.ppl)
+    if mode != 3:  # pyturbo.layer_adaptive reads the C table; for the positional modes it must say what the C code did
+        from pyturbo.layer_adaptive import layer_types
+        logged = dict(re.findall(rf"layer +(\d+): TURBO_LAYER_ADAPTIVE={mode}: (K \w+, V \w+)", r.log))
+        assert len(logged) == 18
+        for il in range(18):
+            k, v = layer_types(mode, il, 18, "turboq3", "turboq3")
+            assert logged[str(il)] == f"K {k}, V {v}", il
 
 
 def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pyturbo import data
-from pyturbo.llamacpp import perplexity
+from pyturbo.tools import llama_perplexity as perplexity
 from pyturbo.memory import kv_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ def test_kv_bytes_swa_full_matches_llama_cpp_python(gemma, capfd):
     from pyturbo.llama import Llama
     llm = Llama(str(gemma), n_ctx=2048, cache_type_k="turboq3", cache_type_v="q8_0", verbose=True)
     log = capfd.readouterr().err
-    from pyturbo.llamacpp import kv_mib
+    from pyturbo.tools import kv_mib
     assert kv_mib(log) == pytest.approx(kv_bytes(gemma, 2048, "turboq3", "q8_0", swa_full=True) / 2**20, abs=0.011)
     del llm
 
@@ -83,7 +83,7 @@ def test_perplexity_cli_bits(gemma):
 
 
 def test_bench_quick_writes_table_and_plot(tmp_path, gemma):
-    r = run_cli("bench", "--quick", "--out", str(tmp_path), timeout=1800)
+    r = run_cli("bench", "matrix", "--quick", "--out", str(tmp_path), timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
     md = (tmp_path / "bench.md").read_text()
     assert "| turboq3 | turboq3 |" in md and "KV vs f16" in md
@@ -95,8 +95,88 @@ def test_doctor_json(build_info):
     r = run_cli("doctor", "--json")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
-    assert rep["upstream"]["commit"] == "0c1e57098"
+    assert rep["upstream"]["commit"] == json.loads((ROOT / "pyturbo" / "upstream.json").read_text())["llama_cpp_commit"]
+    assert rep["layer_adaptive_modes"] == [0, 1, 2, 3, 5, 6, 7]
     types = {t["name"]: t for t in rep["types"]}
     assert types["turboq3"]["id"] == 61 and types["turboq3"]["block_bytes"] == 50
     assert all(v == "ok" for v in rep["roundtrip"].values())
     assert "CPU" in rep["backends"]
+
+
+def test_type_table_matches_the_library_traits(lib):
+    """pyturbo.types is checked against the built ggml's own type_traits, row by row."""
+    from pyturbo.types import CACHE_TYPES
+    for t in CACHE_TYPES.values():
+        tr = lib.traits(t.ggml_id)
+        assert tr.type_name.decode() == t.name
+        assert (tr.blck_size, tr.type_size) == (t.block_size, t.block_bytes), t.name
+        assert bool(lib.base.ggml_is_turboq(t.ggml_id)) == t.is_turboq
+
+
+def tracked_files() -> list[Path]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [ROOT / f for f in out.split()]
+
+
+def test_one_source_per_fact():
+    """The pin lives in pyturbo/upstream.json; code reads it and the READMEs quote it."""
+    pin = json.loads((ROOT / "pyturbo" / "upstream.json").read_text())
+    commit, version = pin["llama_cpp_commit"], pin["sdist_version"]
+    for doc in ("README.md", "ggml_patches/README.md"):
+        text = (ROOT / doc).read_text()
+        assert commit in text, doc
+        assert not set(__import__("re").findall(r"llama-cpp-python==([\d.]+)", text)) - {version}, doc
+    # packaging metadata cannot read a file: pyproject's [python] extra must name the same sdist
+    assert f'"llama-cpp-python=={version}"' in (ROOT / "pyproject.toml").read_text()
+    code = [p for p in tracked_files() if p.suffix in (".py", ".sh", ".txt", ".toml", ".cmake") or p.name == "CMakeLists.txt"]
+    hard_coded = [str(p.relative_to(ROOT)) for p in code if commit in p.read_text(errors="replace")
+                  and p.name != "test_python_tools.py"]
+    assert not hard_coded, f"the pin is written in {hard_coded}; read pyturbo/upstream.json instead"
+
+
+def test_no_sys_path_edits():
+    offenders = [str(p.relative_to(ROOT)) for p in tracked_files() if p.suffix in (".py", ".sh")
+                 and p.name != "test_python_tools.py"
+                 and any(f"sys.path.{verb}" in p.read_text() for verb in ("insert", "append"))]
+    assert not offenders
+
+
+def test_bench_table_shows_a_missing_kld_as_missing():
+    from pyturbo.bench.matrix import Row, markdown
+    rows = [Row("f16", "f16", 16.0, 10.0, None, None, 100.0, 10.0, 1.0),
+            Row("turboq3", "turboq3", 3.125, 11.0, None, None, 90.0, 9.0, 0.2),
+            Row("q8_0", "q8_0", 8.5, 10.1, 0.0123, 0.0004, 95.0, 9.5, 0.53)]
+    md = markdown(rows, "t")
+    line = next(ln for ln in md.splitlines() if ln.startswith("| turboq3 |"))
+    assert "missing" in line and "| 0 |" not in line and "0.0000" not in line
+    assert "0.0123 ± 0.0004" in md
+
+
+def test_unpatched_llama_cpp_lib_path_is_a_clear_error(tmp_path, build_info):
+    """LLAMA_CPP_LIB_PATH at a directory without a patched libggml-base: an error that names the path."""
+    import ctypes.util
+    other = ctypes.util.find_library("z") or ctypes.util.find_library("m")
+    fake = tmp_path / "unpatched"
+    fake.mkdir()
+    (fake / "libggml-base.so").symlink_to(Path("/lib/x86_64-linux-gnu") / other if not Path(other).is_absolute() else other)
+    for path, why in ((tmp_path / "empty", "no libggml-base.so"), (fake, "unpatched llama.cpp build")):
+        path.mkdir(exist_ok=True)
+        r = subprocess.run([sys.executable, "-c", "import pyturbo.llama"], capture_output=True, text=True, cwd=ROOT,
+                           env={**__import__("os").environ, "LLAMA_CPP_LIB_PATH": str(path)}, timeout=120)
+        assert r.returncode != 0
+        assert f"LLAMA_CPP_LIB_PATH={path}" in r.stderr and why in r.stderr, r.stderr[-2000:]
+
+
+def test_gguf_metadata_agrees_with_the_gguf_reader(gemma):
+    """pyturbo.gguf_meta (header only, fast) against the gguf package's full reader, every scalar and string key."""
+    import gguf
+    from pyturbo.gguf_meta import read_metadata
+    for path in (data.tiny_model(), gemma):
+        meta = read_metadata(path)
+        fields = {k: f for k, f in gguf.GGUFReader(str(path)).fields.items() if not k.startswith("GGUF.")}
+        assert set(meta) == set(fields)
+        for key, f in fields.items():
+            if f.types[0] == gguf.GGUFValueType.ARRAY:
+                assert meta[key] is None
+            else:
+                assert meta[key] == pytest.approx(f.contents()), key

@@ -1,7 +1,9 @@
-"""Both servers on 127.0.0.1, driven with the official openai client."""
+"""`python -m server`, both engines, on 127.0.0.1, driven with the official openai client."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from pyturbo import data
-from pyturbo.llamacpp import tool_env
-from pyturbo._paths import binary
 
 ROOT = Path(__file__).resolve().parent.parent
+ENGINES = ["llama-server", "python"]
+TEMPLATE_TOKENS = ("<start_of_turn>", "<end_of_turn>", "<im_start>", "<|im_start|>", "<im_end>", "<|im_end|>")
+N_CTX = 1024
 
 
 def free_port() -> int:
@@ -37,46 +40,51 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None
                     return
         except (urllib.error.URLError, ConnectionError, OSError):
             pass
-        time.sleep(0.5)
+        time.sleep(0.3)
     raise TimeoutError("server did not become healthy")
 
 
-def start(cmd: list[str]):
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tool_env(), cwd=ROOT)
+def server_cmd(engine: str, port: int, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "server", "--engine", engine, "--model", str(data.default_model()),
+            "--port", str(port), "--n-threads", "2", "--alias", "gemma", "--quiet", *flags]
 
 
-@pytest.fixture(scope="module", params=["python", "llama-server"])
+def start(cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+
+
+def stop(proc: subprocess.Popen) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.stdout.read()
+
+
+@pytest.fixture(scope="module", params=ENGINES)
 def server(request, build_info):
-    model = str(data.default_model())
     port = free_port()
-    if request.param == "python":
-        cmd = [sys.executable, "-m", "server", "--model", model, "--cache-type-k", "turboq3", "--cache-type-v", "turboq3",
-               "--n-ctx", "2048", "--port", str(port), "--n-threads", "2", "--alias", "gemma", "--quiet"]
-    else:
-        cmd = [str(binary("llama-server")), "-m", model, "-ctk", "turboq3", "-ctv", "turboq3", "-fa", "on", "-c", "4096",
-               "-np", "4", "--port", str(port), "--host", "127.0.0.1", "-t", "2", "--alias", "gemma"]
-    proc = start(cmd)
+    proc = start(server_cmd(request.param, port, "-ctk", "turboq3", "-ctv", "turboq4", "--layer-adaptive", "3",
+                            "--n-ctx", str(N_CTX), "--parallel", "8"))
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
-        yield request.param, url
+        yield request.param, url, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 @pytest.fixture(scope="module")
 def client(server):
     from openai import OpenAI
-    return OpenAI(base_url=server[1] + "/v1", api_key="none", timeout=300)
+    return OpenAI(base_url=server[1] + "/v1", api_key="none", timeout=300, max_retries=0)
 
 
 def test_models(client):
-    ids = [m.id for m in client.models.list().data]
-    assert "gemma" in ids
+    assert "gemma" in [m.id for m in client.models.list().data]
 
 
 def test_completion(client):
@@ -84,51 +92,144 @@ def test_completion(client):
     assert r.choices[0].text.strip()
 
 
-def test_chat_and_stream(client):
-    r = client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Say hello."}],
-                                       max_tokens=12, temperature=0)
-    assert r.choices[0].message.content is not None
-    # Gemma 3 270M is a base model without a chat template: replies may be empty, so the stream is
-    # checked for its shape (role, chunks, a finish reason), the completion stream for text
+def test_chat_answers_on_the_template_less_default_model(server, client):
+    """The bundled Gemma GGUF has no chat template: the Gemma turn format is used, and said so in the log."""
+    for question in ("Say hello.", "What is the capital of France?"):
+        r = client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": question}],
+                                           max_tokens=24, temperature=0)
+        text = r.choices[0].message.content
+        assert text and text.strip(), f"empty chat answer to {question!r}: {r}"
+        assert not any(t in text for t in TEMPLATE_TOKENS), text
+        assert r.usage.completion_tokens > 0
+
+
+def test_chat_stream_yields_content(client):
     chunks = [c for c in client.chat.completions.create(
-        model="gemma", messages=[{"role": "user", "content": "Count to five."}], max_tokens=12, stream=True)
-        if c.choices]
-    assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
+        model="gemma", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Count to five."}],
+        max_tokens=16, temperature=0, stream=True) if c.choices]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert sum(1 for c in chunks if c.choices[0].delta.content) >= 2
+    assert text.strip() and not any(t in text for t in TEMPLATE_TOKENS)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_completion_stream(client):
     text = "".join(c.choices[0].text for c in client.completions.create(
-        model="gemma", prompt="The sea was", max_tokens=8, stream=True))
-    assert text
+        model="gemma", prompt="The sea was", max_tokens=8, stream=True, temperature=0))
+    assert text.strip()
 
 
-def test_eight_concurrent_requests(client):
-    def one(i: int) -> str:
-        r = client.completions.create(model="gemma", prompt=f"Number {i}:", max_tokens=8, temperature=0)
-        return r.choices[0].text
+def test_eight_concurrent_clients(client):
+    """8 clients at once, streaming and not, chat and completions; each gets its own answer:
+    counting prompts that start at different numbers must continue with their own next number."""
+    def one(i: int) -> tuple[int, str]:
+        start_n = 10 * i + 3
+        prompt = ", ".join(str(start_n + j) for j in range(6)) + ","
+        if i % 4 == 3:
+            r = client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": f"Say {i}."}],
+                                               max_tokens=8, temperature=0, stream=bool(i % 2))
+            text = ("".join(c.choices[0].delta.content or "" for c in r if c.choices) if i % 2
+                    else r.choices[0].message.content)
+            return i, text
+        if i % 2:
+            text = "".join(c.choices[0].text for c in client.completions.create(
+                model="gemma", prompt=prompt, max_tokens=6, temperature=0, stream=True))
+        else:
+            text = client.completions.create(model="gemma", prompt=prompt, max_tokens=6, temperature=0).choices[0].text
+        return i, text
 
     with ThreadPoolExecutor(8) as pool:
-        out = list(pool.map(one, range(8)))
-    assert len(out) == 8 and all(isinstance(o, str) for o in out)
+        out = dict(pool.map(one, range(8)))
+    for i, text in out.items():
+        assert text and text.strip(), f"client {i}: empty answer"
+        if i % 4 != 3:
+            assert text.strip().startswith(str(10 * i + 3 + 6)), f"client {i}: {text!r}"
 
 
-def post(url: str, body: bytes) -> int:
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+def post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})},
+                                 method="POST")
     try:
         with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status
+            return r.status, json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
-        return e.code
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, {"raw": raw.decode(errors="replace")}
 
 
-def test_bad_requests_get_4xx_and_server_survives(server, client):
-    kind, url = server
-    assert 400 <= post(url + "/v1/completions", b"{not json") < 500
-    status = post(url + "/v1/chat/completions", json.dumps(
+def error_message(body: dict) -> str:
+    err = body.get("error") or body.get("detail") or body
+    return (err.get("message") if isinstance(err, dict) else str(err)) or ""
+
+
+def test_bad_requests_get_4xx_with_a_reason_and_server_survives(server, client):
+    _, url, _ = server
+    status, body = post(url + "/v1/completions", b"{not json")
+    assert status == 400, body
+    status, body = post(url + "/v1/chat/completions", json.dumps(
         {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}).encode())
-    if kind == "python":
-        assert status == 404
-    else:
-        # llama-server serves whatever it has loaded under any model name (upstream behaviour)
-        assert status in (200, 400, 404)
+    assert status == 404 and "no-such-model" in error_message(body), body
+    status, body = post(url + "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": "many"}).encode())
+    assert status == 400 and "max_tokens" in error_message(body), body
+    status, body = post(url + "/v1/chat/completions", json.dumps({"messages": "not a list"}).encode())
+    assert status == 400 and error_message(body), body
+    long_prompt = "hello " * (N_CTX + 200)
+    status, body = post(url + "/v1/completions", json.dumps({"prompt": long_prompt, "max_tokens": 4}).encode())
+    assert status == 400 and "context" in error_message(body).lower(), body
     with urllib.request.urlopen(url + "/health", timeout=5) as r:
         assert r.status == 200
     r = client.completions.create(model="gemma", prompt="Still alive?", max_tokens=4)
-    assert r.choices
+    assert r.choices[0].text is not None
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_api_key_guards_everything_but_health(engine, build_info):
+    port = free_port()
+    proc = start(server_cmd(engine, port, "--n-ctx", "256", "--parallel", "1", "--api-key", "s3cret"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+        assert post(url + "/v1/completions", body)[0] == 401
+        assert post(url + "/v1/completions", body, {"Authorization": "Bearer wrong"})[0] == 401
+        assert post(url + "/v1/completions", body, {"Authorization": "Bearer s3cret"})[0] == 200
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url + "/v1/models", timeout=5)
+        assert e.value.code == 401
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["-ctk", "turboq9"], "unknown KV cache type 'turboq9'"),
+    (["--layer-adaptive", "4"], "valid modes are 0, 1, 2, 3, 5, 6, 7"),
+    (["--parallel", "0"], "--parallel 0"),
+    (["--model", "/no/such.gguf"], "/no/such.gguf: no such file"),
+    (["--engine", "python", "--", "-t", "2"], "llama-server flags"),
+    (["--model", str(ROOT / "README.md")], "not a readable GGUF file"),
+])
+def test_bad_flags_end_with_a_message_not_a_traceback(flags, message):
+    r = subprocess.run([sys.executable, "-m", "server", *flags], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode != 0
+    assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_engine_killed_is_reported_and_the_supervisor_exits(build_info):
+    port = free_port()
+    proc = start(server_cmd("llama-server", port, "--n-ctx", "256", "--parallel", "1"))
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+        child = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(child) == 1
+        os.kill(int(child[0]), signal.SIGKILL)
+        proc.wait(timeout=30)
+        out = proc.stdout.read()
+        assert proc.returncode != 0
+        assert "llama-server killed by SIGKILL" in out
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing left listening
+    finally:
+        stop(proc)

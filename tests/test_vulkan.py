@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from pyturbo import data
-from pyturbo._paths import REPO_ROOT, cache_dir
-from pyturbo.llamacpp import perplexity
+from pyturbo._paths import REPO_ROOT, cache_dir, tool_env
+from pyturbo.tools import llama_perplexity as perplexity
 
 VK_BUILD = Path(os.environ.get("PYTURBO_VULKAN_BUILD_DIR") or REPO_ROOT / "build-vulkan").resolve()
 REQUIRED = os.environ.get("CI") == "true" or os.environ.get("PYTURBO_REQUIRE_VULKAN") == "1"
@@ -30,12 +30,10 @@ KLD_TOL = 1e-4
 
 
 def vk_env() -> dict[str, str]:
-    env = dict(os.environ)
     # lavapipe is a CPU device, which ggml-vulkan hides unless it is named
-    env["GGML_VK_VISIBLE_DEVICES"] = "0"
+    env = tool_env({"GGML_VK_VISIBLE_DEVICES": "0"}, libs=VK_BUILD / "bin")
     # lavapipe JIT-compiles each pipeline; its disk cache keeps reruns fast (outside the clone)
     env.setdefault("MESA_SHADER_CACHE_DIR", str(cache_dir() / "mesa-shader-cache"))
-    env["LD_LIBRARY_PATH"] = str(VK_BUILD / "bin") + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     return env
 
 

@@ -1,4 +1,4 @@
-"""`pyturbo bench`: the configuration matrix users of the TurboQuant forks ask for.
+"""`pyturbo bench matrix`: the configuration matrix users of the TurboQuant forks ask for.
 
 For every K/V configuration: PPL and mean KLD vs the f16 cache (llama-perplexity on the same
 chunks), prompt and generation speed (llama-bench, -fa 1), and KV memory vs f16 (kv_bytes,
@@ -14,10 +14,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import data
-from .llamacpp import perplexity, run_tool
-from .memory import kv_bytes
-from .types import cache_type
+from .. import data
+from ..memory import kv_bytes
+from ..tools import llama_perplexity, run_tool
+from ..types import cache_type
 
 CONFIGS: list[tuple[str, str]] = [
     ("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"),
@@ -34,8 +34,8 @@ class Row:
     type_v: str
     bpv: float
     ppl: float
-    kld: float
-    kld_err: float
+    kld: float | None  # None: llama-perplexity printed none (shown as missing, never as 0)
+    kld_err: float | None
     pp: float
     tg: float
     kv_ratio: float
@@ -59,13 +59,13 @@ def run(model: Path, text: Path, configs: list[tuple[str, str]], ctx: int, chunk
     f16_bytes = kv_bytes(model, n_ctx_mem, "f16", "f16")
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "f16.kld"
-        perplexity(model, text, "f16", "f16", ctx=ctx, chunks=chunks, threads=threads, kld_base=base, write_base=True)
+        llama_perplexity(model, text, "f16", "f16", ctx=ctx, chunks=chunks, threads=threads, kld_base=base, write_base=True)
         for tk, tv in configs:
-            r = perplexity(model, text, tk, tv, ctx=ctx, chunks=chunks, threads=threads, kld_base=base)
+            r = llama_perplexity(model, text, tk, tv, ctx=ctx, chunks=chunks, threads=threads, kld_base=base)
             pp, tg = _speed(model, tk, tv, threads, n_prompt, n_gen, reps)
             ratio = kv_bytes(model, n_ctx_mem, tk, tv) / f16_bytes
             bpv = (cache_type(tk).bpw + cache_type(tv).bpw) / 2
-            rows.append(Row(tk, tv, bpv, r.ppl, r.kld or 0.0, r.kld_err or 0.0, pp, tg, ratio))
+            rows.append(Row(tk, tv, bpv, r.ppl, r.kld, r.kld_err, pp, tg, ratio))
             print(f"# {tk}/{tv}: PPL {r.ppl:.3f} KLD {r.kld} pp {pp:.1f} tg {tg:.1f} KV {ratio:.3f}", file=sys.stderr, flush=True)
     return rows
 
@@ -75,7 +75,10 @@ def markdown(rows: list[Row], title: str) -> str:
     out = [title, "", "| K | V | bits/value | PPL | mean KLD vs f16 | PP t/s | TG t/s | PP vs f16 | TG vs f16 | KV vs f16 |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        kld = "0" if (r.type_k, r.type_v) == ("f16", "f16") else f"{r.kld:.4f} ± {r.kld_err:.4f}"
+        if (r.type_k, r.type_v) == ("f16", "f16"):
+            kld = "0 (reference)"
+        else:
+            kld = "missing" if r.kld is None else f"{r.kld:.4f} ± {r.kld_err:.4f}"
         out.append(f"| {r.type_k} | {r.type_v} | {r.bpv:.3f} | {r.ppl:.3f} | {kld} | {r.pp:.1f} | {r.tg:.1f} | "
                    f"{r.pp / f16.pp:.2f} | {r.tg / f16.tg:.2f} | {r.kv_ratio:.3f} |")
     return "\n".join(out) + "\n"
@@ -88,7 +91,7 @@ def plot(rows: list[Row], path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in rows:
-        if (r.type_k, r.type_v) == ("f16", "f16"):
+        if (r.type_k, r.type_v) == ("f16", "f16") or r.kld is None:
             continue
         turbo = "turboq" in r.type_k or "turboq" in r.type_v
         ax.scatter(r.bpv, max(r.kld, 1e-5), c="tab:red" if turbo else "tab:blue", s=40)
@@ -120,3 +123,13 @@ def main(model: str | None, text: str | None, quick: bool, threads: int, out_dir
     plot(rows, out / "bench.png", title)
     print(md)
     print(f"wrote {out / 'bench.md'} and {out / 'bench.png'}")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("matrix", help="PPL / KLD / speed / KV memory per K/V configuration, Markdown + PNG")
+    p.add_argument("--model")
+    p.add_argument("-f", "--file")
+    p.add_argument("--quick", action="store_true", help="4 configurations, tiny runs (for CI)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="bench-out")
+    p.set_defaults(func=lambda a: main(a.model, a.file, a.quick, a.threads, a.out))

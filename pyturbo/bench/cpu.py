@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
-"""CPU benchmark for the foundation targets: prints tables of ratios measured in one run.
+"""`pyturbo bench quality|speed`: llama-perplexity and llama-bench tables, ratios measured in one run.
 
-  python3 bench/cpu_bench.py quality [--chunks 20] [--types f16 q4_0 turboq3/turboq4:3 ...]
+  pyturbo bench quality [--chunks 20] [--types f16 q4_0 turboq3/turboq4:3 ...]
                                                           # PPL, mean KLD vs f16, KV MiB (Gemma 3 270M, botchan, c=512)
-  python3 bench/cpu_bench.py speed [--threads 1] [--reps 2] # llama-bench pp512, pp2048, tg64; pp512/tg32 at depth 4096;
+  pyturbo bench speed [--threads 1] [--reps 2] # llama-bench pp512, pp2048, tg64; pp512/tg32 at depth 4096;
                                                           # tg32 at depth 16384: ratios to f16
 
 Speed runs interleave the cache types type by type, `--rounds` times, and report the median of
@@ -19,11 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from pyturbo import data  # noqa: E402
-from pyturbo.llamacpp import perplexity, run_tool  # noqa: E402
-from pyturbo.types import cache_type  # noqa: E402
+from .. import data
+from ..tools import llama_perplexity, run_tool
+from ..types import cache_type
 
 QUALITY_TYPES = ["f16", "q8_0", "q4_0", "turboq8", "turboq4", "turboq3", "turboq2"]
 SPEED_TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3", "q8_0/turboq3", "turboq3:onerow", "q8_0/turboq3:onerow"]
@@ -58,13 +55,14 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str]) -> float:
 
 
 def quality(args: argparse.Namespace) -> None:
+    args.types = quality_types(args.types)
     model, text = data.default_model(), data.corpus()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "f16.kld"
         rows = []
         for c in args.types:
             label, k, v, env = parse_config(c)
-            r = perplexity(model, text, k, v, ctx=512, chunks=args.chunks, threads=args.threads,
+            r = llama_perplexity(model, text, k, v, ctx=512, chunks=args.chunks, threads=args.threads,
                            kld_base=base, write_base=(c == "f16"), env=env)
             rows.append((label, config_bpw(18, k, v, env), r))
             print(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} KV {r.kv_mib:.2f} MiB", file=sys.stderr, flush=True)
@@ -128,25 +126,21 @@ def speed(args: argparse.Namespace) -> None:
                 print(f"{t} vs q4_0: " + ", ".join(f"{k} {med[t][k] / med['q4_0'][k]:.3f}" for k in keys))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="what", required=True)
-    q = sub.add_parser("quality")
+def add_parsers(sub) -> None:
+    q = sub.add_parser("quality", help="PPL, mean KLD vs f16, KV MiB per cache type (llama-perplexity)")
     q.add_argument("--chunks", type=int, default=20)
     q.add_argument("--threads", type=int, default=2)
-    q.add_argument("--types", nargs="+", default=QUALITY_TYPES)
+    q.add_argument("--types", nargs="+", default=QUALITY_TYPES,
+                   help="'t', 'k/v', plus ':N' (TURBO_LAYER_ADAPTIVE), ':uncentered' or ':onerow'")
     q.set_defaults(func=quality)
-    s = sub.add_parser("speed")
+    s = sub.add_parser("speed", help="llama-bench prompt and generation speed vs f16, interleaved rounds")
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--reps", type=int, default=2)
     s.add_argument("--rounds", type=int, default=2)
     s.add_argument("--types", nargs="+", default=SPEED_TYPES)
     s.set_defaults(func=speed)
-    args = ap.parse_args()
-    if args.what == "quality" and args.types[0] != "f16":
-        args.types = ["f16", *[t for t in args.types if t != "f16"]]
-    args.func(args)
 
 
-if __name__ == "__main__":
-    main()
+def quality_types(types: list[str]) -> list[str]:
+    """f16 first: it writes the KLD base that the others are compared with."""
+    return ["f16", *[t for t in types if t != "f16"]]

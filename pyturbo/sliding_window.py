@@ -1,5 +1,8 @@
 """Sliding-window perplexity through llama-cpp-python's logits (`pyturbo perplexity`).
 
+Not llama-perplexity (that is `pyturbo.tools.llama_perplexity`): this one runs in-process, on
+Hugging Face's sliding-window recipe.
+
 Windows of --max-length tokens advance by --stride; each window scores only the tokens not
 scored before (Hugging Face's recipe), with the KV cache cleared between windows, so every
 scored token sees between max_length - stride and max_length - 1 tokens of context. Each window

@@ -1,25 +1,18 @@
-"""Run the patched llama.cpp tools and read their numbers."""
+"""Run the patched llama.cpp tools (llama-perplexity, llama-bench, ...) and read their numbers."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._paths import binary, lib_dir
-
-
-def tool_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = str(lib_dir()) + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
-    return env
+from ._paths import binary, tool_env
 
 
 def run_tool(name: str, *args: str, timeout: float = 1800, check: bool = True,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run build/bin/<name>; env adds variables (TURBOQ_K_CENTER, TURBO_LAYER_ADAPTIVE, ...)."""
-    r = subprocess.run([str(binary(name)), *args], capture_output=True, text=True, env={**tool_env(), **(env or {})},
+    r = subprocess.run([str(binary(name)), *args], capture_output=True, text=True, env=tool_env(env),
                        timeout=timeout)
     if check and r.returncode != 0:
         raise RuntimeError(f"{name} {' '.join(args)} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
@@ -44,7 +37,7 @@ def kv_mib(log: str) -> float:
     return sum(float(m) for m in _KV_RE.findall(log))
 
 
-def perplexity(model: Path, text: Path, type_k: str = "f16", type_v: str = "f16", ctx: int = 512,
+def llama_perplexity(model: Path, text: Path, type_k: str = "f16", type_v: str = "f16", ctx: int = 512,
                chunks: int | None = None, threads: int = 2, kld_base: Path | None = None,
                write_base: bool = False, extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> PerplexityResult:
     args = ["-m", str(model), "-f", str(text), "-c", str(ctx), "-b", str(ctx), "-fa", "on", "-t", str(threads),

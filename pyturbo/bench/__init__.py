@@ -1,0 +1,15 @@
+"""`pyturbo bench ...`: benchmarks that print ratios against mainline types measured in the same run.
+
+- `matrix`: PPL, KLD, speed and KV memory per K/V configuration, with a plot (`bench.matrix`);
+- `quality`, `speed`: llama-perplexity and llama-bench tables per cache type (`bench.cpu`);
+- `serve`: concurrent clients against `python -m server`, aggregate tokens/s by --parallel, and
+  the KV memory that llama-server reports (`bench.serve`).
+"""
+from __future__ import annotations
+
+
+def add_parsers(sub) -> None:
+    from . import cpu, matrix, serve
+    matrix.add_parser(sub)
+    cpu.add_parsers(sub)
+    serve.add_parsers(sub)

@@ -1,0 +1,168 @@
+"""`pyturbo bench serve` and `pyturbo bench kv-memory`: `python -m server` under concurrent clients.
+
+serve: one client alone, then --clients clients at once, against the same server (--parallel
+slots); each request generates exactly --max-tokens tokens (ignore_eos) from its own slice of
+botchan.txt. Prints generated tokens/s of both and their ratio.
+
+kv-memory: starts the server once per cache type at --n-ctx per slot and --parallel slots, reads
+the KV MiB that llama-server reports, and how many such slots fit in 1 GiB of KV (kv_bytes,
+which the report is checked against). Without --kv-unified, each slot of llama-server is a cache
+of its own: --n-ctx cells, and its own sliding-window cells.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .. import data
+from .._paths import REPO_ROOT
+from ..memory import kv_bytes
+from ..tools import kv_mib
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python -m server` with the given flags on a free port of 127.0.0.1; its log is collected."""
+
+    def __init__(self, flags: list[str], timeout: float = 300) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cwd = REPO_ROOT if (REPO_ROOT / "server" / "cli.py").exists() else None  # a checkout; else installed
+        self.proc = subprocess.Popen([sys.executable, "-m", "server", "--port", str(self.port), *flags],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+        self.log: list[str] = []
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:
+                time.sleep(0.2)
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{''.join(self.log)[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        self.close()
+        raise TimeoutError("server did not become healthy")
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self.log.append(line)
+
+    def post(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._drainer.join(timeout=10)
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _run_clients(srv: Server, prompts: list[str], clients: int, per_client: int, max_tokens: int) -> tuple[int, float]:
+    def client(c: int) -> int:
+        n = 0
+        for r in range(per_client):
+            out = srv.post("/v1/completions", {"prompt": prompts[(c * per_client + r) % len(prompts)],
+                                               "max_tokens": max_tokens, "temperature": 0.8, "ignore_eos": True})
+            n += out["usage"]["completion_tokens"]
+        return n
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        tokens = sum(pool.map(client, range(clients)))
+    return tokens, time.perf_counter() - t0
+
+
+def serve(args: argparse.Namespace) -> None:
+    text = data.corpus().read_text(encoding="utf-8")
+    prompts = [text[20000 + 700 * i: 20000 + 700 * i + 400] for i in range(64)]  # ~100 tokens each
+    flags = ["--engine", args.engine, "-ctk", args.cache_type_k, "-ctv", args.cache_type_v,
+             "--layer-adaptive", str(args.layer_adaptive), "--n-ctx", str(args.n_ctx), "--quiet"]
+    if args.threads:
+        flags += ["--n-threads", str(args.threads)]
+    rows = []
+    for parallel in args.parallel:
+        with Server([*flags, "--parallel", str(parallel)]) as srv:
+            _run_clients(srv, prompts, 1, 1, 8)  # warm-up
+            one = _run_clients(srv, prompts, 1, args.requests, args.max_tokens)
+            many = _run_clients(srv, prompts, args.clients, args.requests, args.max_tokens)
+        rows.append((parallel, one, many))
+        print(f"# --parallel {parallel}: 1 client {one[0] / one[1]:.1f} t/s, {args.clients} clients "
+              f"{many[0] / many[1]:.1f} t/s", file=sys.stderr, flush=True)
+    print(f"\n`python -m server --engine {args.engine} -ctk {args.cache_type_k} -ctv {args.cache_type_v} "
+          f"--layer-adaptive {args.layer_adaptive} --n-ctx {args.n_ctx}`, {args.requests} requests per client, "
+          f"{args.max_tokens} generated tokens each (ignore_eos)\n")
+    print(f"| --parallel | 1 client t/s | {args.clients} clients t/s | aggregate vs 1 client |")
+    print("|---|---|---|---|")
+    for parallel, (t1, s1), (tn, sn) in rows:
+        print(f"| {parallel} | {t1 / s1:.1f} | {tn / sn:.1f} | {(tn / sn) / (t1 / s1):.2f}x |")
+
+
+def kv_memory(args: argparse.Namespace) -> None:
+    model = Path(args.model) if args.model else data.default_model()
+    gib = 2 ** 30
+    print(f"\n{model.name}: `python -m server --n-ctx {args.n_ctx} --parallel {args.parallel} -ctk T -ctv T`; "
+          f"KV as llama-server reports it (global + sliding-window caches)\n")
+    print(f"| K/V | KV MiB, {args.parallel} slots | vs f16 | {args.n_ctx}-token slots in 1 GiB of KV |")
+    print("|---|---|---|---|")
+    f16 = None
+    for t in args.types:
+        with Server(["--model", str(model), "-ctk", t, "-ctv", t, "--n-ctx", str(args.n_ctx),
+                     "--parallel", str(args.parallel), "--", "-lv", "4"]) as srv:  # -lv 4: llama.cpp's KV lines
+            pass
+        reported = kv_mib("".join(srv.log))
+        expect = kv_bytes(model, args.n_ctx * args.parallel, t, t, n_seq=args.parallel, n_stream=args.parallel) / 2 ** 20
+        if abs(reported - expect) > 0.02:
+            raise RuntimeError(f"{t}: llama-server reports {reported} MiB, kv_bytes says {expect:.2f}")
+        slots = gib // kv_bytes(model, args.n_ctx, t, t)  # each slot is a cache of its own (no --kv-unified)
+        f16 = f16 or reported
+        print(f"| {t} | {reported:.2f} | {reported / f16:.3f} | {slots} |", flush=True)
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("serve", help="aggregate generated tokens/s: N concurrent clients vs one, per --parallel")
+    p.add_argument("--engine", default="llama-server", choices=["llama-server", "python"])
+    p.add_argument("--parallel", type=int, nargs="+", default=[8])
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--requests", type=int, default=3, help="requests per client")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--n-ctx", type=int, default=1024)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("-ctk", "--cache-type-k", default="turboq3")
+    p.add_argument("-ctv", "--cache-type-v", default="turboq4")
+    p.add_argument("--layer-adaptive", type=int, default=3)
+    p.set_defaults(func=serve)
+    p = sub.add_parser("kv-memory", help="KV MiB that llama-server reports per cache type, and slots per GiB")
+    p.add_argument("--model")
+    p.add_argument("--n-ctx", type=int, default=32768, help="per slot")
+    p.add_argument("--parallel", type=int, default=4)
+    p.add_argument("--types", nargs="+", default=["f16", "q8_0", "turboq4", "turboq3", "turboq2"])
+    p.set_defaults(func=kv_memory)

@@ -1,0 +1,71 @@
+"""TURBO_LAYER_ADAPTIVE: per-layer K/V types, read from the patched libllama's own table.
+
+The table is `policies[]` in llama-turboq.cpp; llama_turboq_layer_policy hands its rows out, so
+Python never keeps a copy that could drift.
+"""
+from __future__ import annotations
+
+import ctypes as C
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ._paths import lib_dir
+from .types import CACHE_TYPES
+
+
+@dataclass(frozen=True)
+class LayerPolicy:
+    mode: int
+    n_first: int     # boundary layers at the start
+    n_last: int      # boundary layers at the end
+    k_gain_div: int  # > 0: the n_layer // k_gain_div (at least 1) layers of largest K gain are the boundary
+    k_boundary: str | None  # None: the requested type
+    v_boundary: str | None
+    v_other: str | None
+
+    def types(self, boundary: bool, type_k: str, type_v: str) -> tuple[str, str]:
+        if boundary:
+            return self.k_boundary or type_k, self.v_boundary or type_v
+        return type_k, self.v_other or type_v
+
+    def is_boundary(self, il: int, n_layer: int) -> bool:
+        """For the modes that pick boundary layers by position (k_gain_div == 0)."""
+        if self.k_gain_div:
+            raise ValueError(f"TURBO_LAYER_ADAPTIVE={self.mode} picks its layers from the model's K weights")
+        return il < self.n_first or il + self.n_last >= n_layer
+
+
+@lru_cache(maxsize=1)
+def policies() -> dict[int, LayerPolicy]:
+    lib = C.CDLL(str(lib_dir() / "libllama.so"))
+    fn = lib.llama_turboq_layer_policy
+    fn.restype = C.c_bool
+    fn.argtypes = [C.c_int32, C.POINTER(C.c_int32)]
+    by_id = {t.ggml_id: t.name for t in CACHE_TYPES.values()}
+    out: dict[int, LayerPolicy] = {}
+    row = (C.c_int32 * 7)()
+    i = 0
+    while fn(i, row):
+        mode, n_first, n_last, div, k_b, v_b, v_o = row
+        out[mode] = LayerPolicy(mode, n_first, n_last, div, *(by_id[t] if t >= 0 else None for t in (k_b, v_b, v_o)))
+        i += 1
+    return out
+
+
+def modes() -> tuple[int, ...]:
+    """The valid TURBO_LAYER_ADAPTIVE values (0 = every layer as requested)."""
+    return (0, *sorted(policies()))
+
+
+def check_mode(mode: int) -> int:
+    if mode not in modes():
+        raise ValueError(f"layer-adaptive mode {mode!r}: valid modes are {', '.join(map(str, modes()))}")
+    return mode
+
+
+def layer_types(mode: int, il: int, n_layer: int, type_k: str, type_v: str) -> tuple[str, str]:
+    """K/V types of layer il under a positional mode (every mode but those that rank K weights)."""
+    if mode == 0:
+        return type_k, type_v
+    p = policies()[check_mode(mode)]
+    return p.types(p.is_boundary(il, n_layer), type_k, type_v)

@@ -1,0 +1,102 @@
+"""python -m server [--engine llama-server|python] [--model M.gguf] [--cache-type-k turboq3] ... [-- llama-server flags]
+
+An OpenAI-compatible server (/v1/models, /v1/completions, /v1/chat/completions, streaming,
+/health) with pyturbo's KV-cache types. Every flag is checked here first; a bad one ends with
+a message, not a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pyturbo import data, layer_adaptive
+from pyturbo.types import CACHE_TYPES, cache_type
+
+ENGINES = ("llama-server", "python")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m server", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", choices=ENGINES, default="llama-server",
+                    help="llama-server: the patched C++ server, parallel slots (default); "
+                         "python: llama-cpp-python's server, one request at a time")
+    ap.add_argument("--model", help="GGUF path (default: the bundled Gemma 3 270M)")
+    names = ", ".join(CACHE_TYPES)
+    ap.add_argument("--cache-type-k", "-ctk", default="f16", help=f"K cache type: {names}")
+    ap.add_argument("--cache-type-v", "-ctv", default="f16", help=f"V cache type: {names}")
+    ap.add_argument("--layer-adaptive", type=int, default=0, help="TURBO_LAYER_ADAPTIVE mode (see the README)")
+    ap.add_argument("--n-ctx", type=int, default=4096, help="context of each slot, in tokens (default 4096)")
+    ap.add_argument("--parallel", "-np", type=int, default=4,
+                    help="slots decoding at once (llama-server engine; default 4). The python engine serves one "
+                         "request at a time")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every endpoint but /health")
+    ap.add_argument("--n-threads", type=int, default=None)
+    ap.add_argument("--alias", default=None, help="model name clients use (default: the file name)")
+    ap.add_argument("--quiet", action="store_true", help="warnings and errors only")
+    ap.add_argument("extra", nargs=argparse.REMAINDER,
+                    help="after --: further llama-server flags, passed as they are (llama-server engine)")
+    return ap
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Raise ValueError with the reason for the first bad flag."""
+    args.cache_type_k = cache_type(args.cache_type_k).name
+    args.cache_type_v = cache_type(args.cache_type_v).name
+    layer_adaptive.check_mode(args.layer_adaptive)
+    if args.n_ctx < 1:
+        raise ValueError(f"--n-ctx {args.n_ctx}: must be at least 1")
+    if args.parallel < 1:
+        raise ValueError(f"--parallel {args.parallel}: must be at least 1")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port}: not a TCP port")
+    if args.n_threads is not None and args.n_threads < 1:
+        raise ValueError(f"--n-threads {args.n_threads}: must be at least 1")
+    if args.model and not Path(args.model).is_file():
+        raise ValueError(f"--model {args.model}: no such file")
+    if args.extra[:1] == ["--"]:
+        args.extra = args.extra[1:]
+    if args.extra and args.engine != "llama-server":
+        raise ValueError(f"extra flags {' '.join(args.extra)!r} are llama-server flags; the python engine takes none")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        _check(args)
+        model = args.model or str(data.default_model())
+        from .chat_template import fallback_for
+        fallback = fallback_for(model)
+    except (ValueError, OSError) as e:
+        sys.exit(f"server: {e}")
+    alias = args.alias or Path(model).name
+    if args.engine == "llama-server":
+        from . import llama_server
+        try:
+            spec = llama_server.LaunchSpec(model, args.cache_type_k, args.cache_type_v, args.layer_adaptive, args.n_ctx,
+                                           args.parallel, args.host, args.port, alias, args.api_key, args.n_threads,
+                                           fallback, args.quiet, args.extra)
+            argv_ = spec.argv()
+        except FileNotFoundError as e:
+            sys.exit(f"server: {e}")
+        sys.exit(llama_server.run(spec))
+    try:
+        from . import python_engine
+    except ImportError as e:
+        sys.exit(f"server: --engine python needs llama-cpp-python (pip install '.[python]'): {e}")
+    from pyturbo.llama import ContextError
+    if fallback:
+        print(f"server: {fallback.describe()}", file=sys.stderr)
+    if args.parallel > 1:
+        print(f"server: --parallel {args.parallel}: the python engine serves one request at a time; the others queue",
+              file=sys.stderr)
+    try:
+        app = python_engine.build_app(model, args.cache_type_k, args.cache_type_v, args.layer_adaptive, args.n_ctx,
+                                      args.n_threads, alias, args.host, args.port, args.api_key, fallback,
+                                      verbose=not args.quiet)
+    except (ValueError, ContextError) as e:
+        sys.exit(f"server: {e}")
+    sys.exit(python_engine.run(app, args.host, args.port, args.quiet))

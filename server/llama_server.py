@@ -1,0 +1,93 @@
+"""The default engine: the patched C++ llama-server as a supervised child process.
+
+The child owns the port; this process validates the flags first, starts it, forwards SIGINT,
+SIGTERM and SIGHUP, and exits with its status. The child gets SIGTERM if this process dies
+(PR_SET_PDEATHSIG), so a killed supervisor never leaves a server behind, and a child that dies
+is reported with its exit status or signal instead of leaving a port with nothing behind it.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from pyturbo._paths import binary, tool_env
+
+from .chat_template import Fallback
+
+
+@dataclass
+class LaunchSpec:
+    model: str
+    cache_type_k: str
+    cache_type_v: str
+    layer_adaptive: int
+    n_ctx: int  # per slot
+    parallel: int
+    host: str
+    port: int
+    alias: str
+    api_key: str | None = None
+    n_threads: int | None = None
+    chat_fallback: Fallback | None = None
+    quiet: bool = False
+    extra: list[str] = field(default_factory=list)
+
+    def argv(self) -> list[str]:
+        argv = [str(binary("llama-server")), "-m", self.model, "-a", self.alias,
+                "-ctk", self.cache_type_k, "-ctv", self.cache_type_v, "-fa", "on",
+                # llama-server's -c is the total that its slots share
+                "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
+                "--host", self.host, "--port", str(self.port)]
+        if self.n_threads:
+            argv += ["-t", str(self.n_threads), "-tb", str(self.n_threads)]
+        if self.chat_fallback:
+            argv += ["--chat-template-file", str(self.chat_fallback.path)]
+        if self.quiet:
+            argv += ["-lv", "2"]
+        return argv + self.extra
+
+    def env(self) -> dict[str, str]:
+        extra = {"TURBO_LAYER_ADAPTIVE": str(self.layer_adaptive)}
+        if self.api_key:
+            extra["LLAMA_API_KEY"] = self.api_key  # not on the command line, where `ps` shows it
+        return tool_env(extra)
+
+
+def _die_with_parent() -> None:
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+def run(spec: LaunchSpec) -> int:
+    if spec.chat_fallback:
+        print(f"server: {spec.chat_fallback.describe()}", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(spec.argv(), env=spec.env(), preexec_fn=_die_with_parent)
+    stopping = False
+
+    def forward(signum, _frame):
+        nonlocal stopping
+        stopping = True
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, forward)
+    rc = proc.wait()
+    if rc != 0 and not stopping:
+        print(f"server: llama-server {describe_exit(rc)}; the server is down (see its log above)",
+              file=sys.stderr, flush=True)
+        return rc if rc > 0 else 128 - rc
+    return 0 if stopping else rc

@@ -1,0 +1,114 @@
+"""`--engine python`: llama-cpp-python's server (FastAPI + uvicorn) on the patched libllama.
+
+Additions to llama-cpp-python's server: cache types by name and layer-adaptive precision per
+model, the chat template fallback, /health, a 404 (not a silent fallback to the default model)
+for a request that names another model, and 400 for a body that is not JSON. It serves one
+request at a time; concurrent requests queue.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyturbo.llama as pl  # sets LLAMA_CPP_LIB_PATH before llama_cpp loads
+from pyturbo.types import cache_type
+
+import uvicorn
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+from llama_cpp.server import model as server_model
+from llama_cpp.server.errors import ErrorResponse, RouteErrorHandler
+from llama_cpp.server.app import create_app
+from llama_cpp.server.settings import ModelSettings, ServerSettings
+
+from .chat_template import Fallback
+
+
+class TurboModelSettings(ModelSettings):
+    layer_adaptive: int = 0
+    chat_template_file: str | None = None
+    chat_end_of_turn: str | None = None
+
+
+_load_upstream = server_model.LlamaProxy.load_llama_from_model_settings
+
+
+def _load_model(settings: ModelSettings):
+    """llama-cpp-python's loader inside pyturbo's context guard, plus the chat template fallback."""
+    with pl.creating_context(getattr(settings, "layer_adaptive", 0), settings.verbose):
+        llm = _load_upstream(settings)
+    path = getattr(settings, "chat_template_file", None)
+    if path:
+        bos = llm._model.token_get_text(llm.token_bos()) if llm.token_bos() >= 0 else ""
+        llm.chat_handler = Jinja2ChatFormatter(Path(path).read_text(), eos_token=settings.chat_end_of_turn,
+                                               bos_token=bos).to_chat_handler()
+    return llm
+
+
+server_model.LlamaProxy.load_llama_from_model_settings = staticmethod(_load_model)
+
+_wrap_upstream = RouteErrorHandler.error_message_wrapper
+
+
+def _error_response(self, error: Exception, body=None):
+    """llama-cpp-python's route wrapper answers a request that fails validation (a wrong type, an
+    out-of-range value) with 500; it is the client's error: 400, with the fields named."""
+    if isinstance(error, RequestValidationError):
+        where = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
+                          for e in error.errors()[:5])
+        return 400, ErrorResponse(message=f"invalid request: {where}", type="invalid_request_error", param=None,
+                                  code=None)
+    return _wrap_upstream(self, error, body)
+
+
+RouteErrorHandler.error_message_wrapper = _error_response
+
+
+def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", layer_adaptive: int = 0,
+              n_ctx: int = 4096, n_threads: int | None = None, alias: str | None = None,
+              host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+              chat_fallback: Fallback | None = None, verbose: bool = True):
+    tk, tv = cache_type(cache_type_k), cache_type(cache_type_v)
+    ms = TurboModelSettings(model=model, model_alias=alias or Path(model).name, n_ctx=n_ctx, type_k=tk.ggml_id,
+                            type_v=tv.ggml_id, flash_attn=True, layer_adaptive=layer_adaptive, verbose=verbose,
+                            chat_template_file=str(chat_fallback.path) if chat_fallback else None,
+                            chat_end_of_turn=chat_fallback.end_of_turn if chat_fallback else None,
+                            # llama-cpp-python's default keeps n_ctx x n_vocab logits: 32 GiB for Gemma 3 at 32k
+                            logits_all=False,
+                            **({"n_threads": n_threads, "n_threads_batch": n_threads} if n_threads else {}))
+    app = create_app(server_settings=ServerSettings(
+        host=host, port=port, api_key=api_key,
+        # llama-cpp-python's default cuts a running stream short whenever another request arrives
+        interrupt_requests=False), model_settings=[ms])
+    known = {ms.model_alias, ms.model, Path(ms.model).name, ""}
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok", "model": ms.model_alias, "cache_type_k": tk.name, "cache_type_v": tv.name,
+                "layer_adaptive": layer_adaptive}
+
+    @app.middleware("http")
+    async def reject_bad_requests(request: Request, call_next):
+        if request.method == "POST" and request.url.path.startswith("/v1/"):
+            body = await request.body()
+            try:
+                payload = json.loads(body) if body else {}
+            except ValueError as e:
+                # llama-cpp-python's error handler would turn this into a 500
+                return JSONResponse(status_code=400, content={"error": {
+                    "message": f"request body is not valid JSON: {e}", "type": "invalid_request_error"}})
+            requested = payload.get("model") if isinstance(payload, dict) else None
+            if isinstance(requested, str) and requested not in known:
+                return JSONResponse(status_code=404, content={"error": {
+                    "message": f"model '{requested}' not found; this server has: {ms.model_alias}",
+                    "type": "invalid_request_error", "code": "model_not_found"}})
+        return await call_next(request)
+
+    return app
+
+
+def run(app, host: str, port: int, quiet: bool) -> int:
+    uvicorn.run(app, host=host, port=port, log_level="warning" if quiet else "info")
+    return 0

@@ -1,0 +1,58 @@
+"""`pip install .` and `pip install -e .` in fresh virtual environments, used from outside the checkout.
+
+Both share the checkout's build/ (pyproject's build-dir, the directory scripts/setup.sh builds), so
+after setup they reconfigure and relink nothing; the wheel carries the libraries and tools.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(cmd: list[str], cwd: Path, timeout: float = 1800) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LLAMA_CPP_LIB_PATH", "PYTURBO_BUILD_DIR")}
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+@pytest.mark.parametrize("editable", [False, True], ids=["install", "editable"])
+def test_pip_install_in_a_fresh_venv(tmp_path, build_info, editable):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+         *(["-e", str(ROOT)] if editable else [str(ROOT)])], cwd=tmp_path)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+
+    r = run([str(py), "-m", "server", "--help"], cwd=outside)
+    assert "--cache-type-k" in r.stdout and "--engine" in r.stdout
+
+    r = run([str(env_dir / "bin" / "pyturbo"), "doctor", "--json"], cwd=outside)
+    rep = json.loads(r.stdout)
+    assert all(v == "ok" for v in rep["roundtrip"].values())
+    site = run([str(py), "-c", "import pyturbo, sys; print(pyturbo.__file__)"], cwd=outside).stdout.strip()
+    if editable:
+        assert Path(site).resolve().parent == ROOT / "pyturbo"
+        assert Path(rep["lib_dir"]).resolve() == (ROOT / "build" / "bin").resolve()
+    else:
+        assert str(env_dir) in site  # the installed copy, not the checkout
+        assert Path(rep["lib_dir"]) == Path(site).parent / "native"
+        for tool in ("llama-server", "llama-perplexity", "llama-bench", "llama-cli"):
+            assert rep["binaries"][tool], tool
+
+    # the installed tools find their libraries ($ORIGIN), and the server refuses bad flags cleanly
+    r = run([str(env_dir / "bin" / "pyturbo"), "llama-server", "--", "--version"], cwd=outside)
+    assert "version" in (r.stdout + r.stderr).lower()
+    bad = subprocess.run([str(py), "-m", "server", "-ctk", "turboq9"], cwd=outside, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and "unknown KV cache type 'turboq9'" in bad.stderr and "Traceback" not in bad.stderr
