@@ -66,6 +66,11 @@ def _error_response(self, error: Exception, body=None):
 RouteErrorHandler.error_message_wrapper = _error_response
 
 
+def _client_error(status: int, message: str, code: str | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {
+        "message": message, "type": "invalid_request_error", "param": None, "code": code}})
+
+
 def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", layer_adaptive: int = 0,
               n_ctx: int = 4096, n_threads: int | None = None, alias: str | None = None,
               host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
@@ -95,15 +100,24 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
             body = await request.body()
             try:
                 payload = json.loads(body) if body else {}
+                # a lone surrogate (\ud800) parses, then fails deep inside tokenization as a 500
+                json.dumps(payload, ensure_ascii=False).encode("utf-8")
+            except RecursionError:
+                return _client_error(400, "request body is nested too deeply")
+            except UnicodeEncodeError as e:
+                return _client_error(400, f"request text is not valid Unicode: {e.reason} at {e.start}")
             except ValueError as e:
                 # llama-cpp-python's error handler would turn this into a 500
-                return JSONResponse(status_code=400, content={"error": {
-                    "message": f"request body is not valid JSON: {e}", "type": "invalid_request_error"}})
+                return _client_error(400, f"request body is not valid JSON: {e}")
+            # llama-cpp-python fills these in (an empty prompt, no messages) and answers 200
+            if isinstance(payload, dict) and request.url.path == "/v1/chat/completions" and not payload.get("messages"):
+                return _client_error(400, "'messages' must contain at least one message")
+            if isinstance(payload, dict) and request.url.path == "/v1/completions" and "prompt" not in payload:
+                return _client_error(400, "'prompt' is required")
             requested = payload.get("model") if isinstance(payload, dict) else None
             if isinstance(requested, str) and requested not in known:
-                return JSONResponse(status_code=404, content={"error": {
-                    "message": f"model '{requested}' not found; this server has: {ms.model_alias}",
-                    "type": "invalid_request_error", "code": "model_not_found"}})
+                return _client_error(404, f"model '{requested}' not found; this server has: {ms.model_alias}",
+                                     "model_not_found")
         return await call_next(request)
 
     return app
