@@ -180,19 +180,33 @@ def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):
     assert kld["turboq8"] <= 2 * kld["q8_0"] + 2e-6
 
 
-@pytest.mark.parametrize("args,message", [
+BAD_INPUT = [
     (("-fa", "off", "-ctk", "turboq3", "-ctv", "f16"), "requires flash_attn"),
     (("-ctk", "turboq5"), "turboq5"),
     (("-ctk", "turboq3", "-ctv", "turboq3", "--model-64"), "n_embd_head_k=64"),
-])
-def test_error_message_reaches_the_user_every_time(tiny128, tiny64, short_text, args, message):
+]
+# how each tool is run once its bad input is given: quickly, and never waiting for a terminal
+TOOL_ARGS = {
+    "llama-perplexity": lambda text: ("-f", str(text), "-c", "128"),
+    "llama-server": lambda text: ("--port", "0", "--host", "127.0.0.1"),
+    "llama-cli": lambda text: ("-p", "hi", "-n", "1", "-st"),
+    "llama-bench": lambda text: ("-p", "8", "-n", "1", "-r", "1"),
+}
+
+
+@pytest.mark.parametrize("tool", list(TOOL_ARGS))
+@pytest.mark.parametrize("args,message", BAD_INPUT)
+def test_error_message_reaches_the_user_every_time(tiny128, tiny64, short_text, tool, args, message):
     """The log is written by a worker thread; an error exit used to lose its message about 1 run
-    in 10 with piped output (patch 8 drains the log at exit). 20 runs, the message every time."""
+    in 10 with piped output (patch 8 drains the log at exit), and llama-bench dropped llama.cpp's
+    errors altogether (patch 17). Every tool we ship, 20 runs each, the message every time."""
     model = tiny64 if "--model-64" in args else tiny128
     args = tuple(a for a in args if a != "--model-64")
+    if tool == "llama-bench":
+        args = tuple("1" if a == "on" else "0" if a == "off" else a for a in args)
     missing = 0
     for _ in range(20):
-        r = run_tool("llama-perplexity", "-m", str(model), "-f", str(short_text), "-c", "128", *args, check=False)
-        assert r.returncode != 0
+        r = run_tool(tool, "-m", str(model), *TOOL_ARGS[tool](short_text), *args, check=False, timeout=120)
+        assert r.returncode != 0, r.stdout[-1000:] + r.stderr[-1000:]
         missing += message not in r.stderr + r.stdout
-    assert missing == 0, f"the message was lost in {missing} of 20 runs"
+    assert missing == 0, f"{tool}: the message was lost in {missing} of 20 runs"
