@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import os
+import re
 import sys
 import threading
 from typing import Any, Iterator
@@ -31,6 +33,11 @@ _create_lock = threading.Lock()
 
 class ContextError(RuntimeError):
     """llama.cpp refused to create the model or context; the message is llama.cpp's own."""
+
+
+class StateError(RuntimeError):
+    """llama.cpp refused a saved state (another cache type, layer mode or model, truncated,
+    corrupt); the context keeps what it held before."""
 
 
 @contextlib.contextmanager
@@ -119,10 +126,54 @@ class Llama(llama_cpp.Llama):
         with creating_context(layer_adaptive, verbose):
             super().__init__(model_path, *args, **kwargs)
 
+    def save_state(self) -> llama_cpp.LlamaState:
+        """llama_cpp.Llama.save_state, plus a SHA-256 of the state bytes that load_state checks:
+        llama.cpp's state format has no checksum, and a flipped count in it can load as garbage."""
+        state = super().save_state()
+        state.pyturbo_sha256 = hashlib.sha256(bytes(state.llama_state)).hexdigest()
+        return state
+
+    def load_state(self, state: llama_cpp.LlamaState) -> None:
+        """llama_cpp.Llama.load_state, but a refused state raises StateError with llama.cpp's
+        reason and leaves this context as it was (llama.cpp clears the cache when a restore
+        fails; upstream's wrapper also took over the state's token count first)."""
+        size = state.llama_state_size
+        if size != len(state.llama_state) or size == 0:
+            raise StateError(f"saved state is {len(state.llama_state)} bytes but says {size}: truncated or corrupt")
+        digest = getattr(state, "pyturbo_sha256", None)
+        if digest is not None and hashlib.sha256(bytes(state.llama_state)).hexdigest() != digest:
+            raise StateError("saved state is corrupt: its bytes do not match the SHA-256 taken when it was saved")
+        backup = self.save_state()
+        data = (ctypes.c_uint8 * size).from_buffer_copy(state.llama_state)
+        with captured_log(False) as log:
+            ok = llama_cpp.llama_state_set_data(self._ctx.ctx, data, size) == size
+        if not ok:
+            back = (ctypes.c_uint8 * backup.llama_state_size).from_buffer_copy(backup.llama_state)
+            llama_cpp.llama_state_set_data(self._ctx.ctx, back, backup.llama_state_size)
+            raise StateError(f"saved state refused: {_type_names(_errors(log)) or 'llama.cpp gave no reason'}")
+        self.scores[: state.n_tokens, :] = state.scores.copy()
+        rest = self.scores[state.n_tokens:, :]
+        rest[rest > 0] = 0.0
+        self.input_ids = state.input_ids.copy()
+        self.n_tokens = state.n_tokens
+        self._requires_eval = True
+        self._seed = state.seed
+
     def __del__(self) -> None:
         # llama_cpp.Llama.__del__ assumes __init__ got far enough to set up its resources
         if hasattr(self, "_stack"):
             super().__del__()
+
+
+def _type_names(text: str) -> str:
+    """'mismatched key type (8 != 61, layer 0)' -> '... (q8_0 in this context, turboq3 in the state, layer 0)'."""
+    names = {t.ggml_id: t.name for t in CACHE_TYPES.values()}
+
+    def sub(m: re.Match) -> str:
+        here, saved = int(m.group(1)), int(m.group(2))
+        return f"({names.get(here, here)} in this context, {names.get(saved, saved)} in the saved state, "
+
+    return re.sub(r"\((\d+) != (\d+), ", sub, text)
 
 
 def _check_type_id(type_id: int) -> None:

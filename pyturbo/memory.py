@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .layer_adaptive import layer_types
+from .layer_adaptive import layer_types, policies
 from .types import cache_type
 
 KV_PAD = 256
@@ -58,25 +58,45 @@ def _pad(n: int) -> int:
 
 def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16",
              layer_adaptive: int = 0, n_seq: int = 1, n_ubatch: int = 512, swa_full: bool = False,
-             n_stream: int = 1) -> int:
+             n_stream: int = 1, upper_bound: bool = False) -> int:
     """Bytes of K and V that llama.cpp allocates for this model and context.
 
     swa_full: sliding-window layers keep all n_ctx cells (llama.cpp's --swa-full; llama-cpp-python's
     Llama defaults to it, llama.cpp's tools do not).
     n_stream: separate caches of n_ctx / n_stream cells each, one per sequence: llama-server's
     slots without --kv-unified (n_stream = n_seq = --parallel).
+    upper_bound: allowed for the modes that pick their layers from the model's K weights (3),
+    which this function does not read: their boundary layers are taken to be those with the
+    most cells, so the result is at least what llama.cpp allocates. Without it those modes
+    raise ValueError.
     """
     if n_stream > 1:
         return n_stream * kv_bytes(model, n_ctx // n_stream, cache_type_k, cache_type_v, layer_adaptive,
-                                   max(1, n_seq // n_stream), n_ubatch, swa_full)
+                                   max(1, n_seq // n_stream), n_ubatch, swa_full, upper_bound=upper_bound)
     g = kv_geometry(model)
     cells_full = _pad(n_ctx)
     cells_swa = (cells_full if swa_full else min(cells_full, _pad(g.n_swa * n_seq + n_ubatch))) if g.n_swa else 0
+    cells = [cells_swa if g.is_swa(il) else cells_full for il in range(g.n_layer)]
+    policy = policies().get(layer_adaptive) if layer_adaptive else None
+    ranked: set[int] = set()
+    if policy is not None and policy.k_gain_div:
+        if not upper_bound:
+            raise ValueError(f"TURBO_LAYER_ADAPTIVE={layer_adaptive} picks its layers from the model's K weights; "
+                             "pass upper_bound=True for a bound")
+        n = max(1, g.n_layer // policy.k_gain_div)
+        ranked = set(sorted(range(g.n_layer), key=lambda il: -cells[il])[:n])
+
+    def row_bytes(t: str, hd: int) -> int:
+        ct = cache_type(t)
+        return g.n_head_kv * hd // ct.block_size * ct.block_bytes
+
     total = 0
     for il in range(g.n_layer):
-        tk, tv = layer_types(layer_adaptive, il, g.n_layer, cache_type_k, cache_type_v)
-        cells = cells_swa if g.is_swa(il) else cells_full
-        for t, hd in ((tk, g.head_dim_k), (tv, g.head_dim_v)):
-            ct = cache_type(t)
-            total += cells * g.n_head_kv * hd // ct.block_size * ct.block_bytes
+        if ranked or (policy is not None and policy.k_gain_div):
+            tk, tv = policy.types(il in ranked, cache_type_k, cache_type_v)
+            # the boundary type may be smaller than the requested one: bound each by the larger
+            tk = max((tk, cache_type_k), key=lambda t: row_bytes(t, g.head_dim_k))
+        else:
+            tk, tv = layer_types(layer_adaptive, il, g.n_layer, cache_type_k, cache_type_v)
+        total += cells[il] * (row_bytes(tk, g.head_dim_k) + row_bytes(tv, g.head_dim_v))
     return total

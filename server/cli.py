@@ -63,6 +63,46 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"extra flags {' '.join(args.extra)!r} are llama-server flags; the python engine takes none")
 
 
+def mem_available() -> int | None:
+    """Bytes the kernel could give without swapping (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _check_memory(model: str, args: argparse.Namespace) -> None:
+    """A context that cannot fit is refused here, with the sizes, before llama.cpp clears a KV
+    buffer larger than the machine and the kernel kills it."""
+    from pyturbo.memory import kv_bytes
+
+    avail = mem_available()
+    if avail is None:
+        return
+    try:
+        if args.engine == "llama-server":
+            unified = any(a in ("--kv-unified", "-kvu") for a in args.extra)
+            kv = kv_bytes(model, args.n_ctx * args.parallel, args.cache_type_k, args.cache_type_v, args.layer_adaptive,
+                          n_seq=args.parallel, n_stream=1 if unified else args.parallel, upper_bound=True)
+        else:  # llama-cpp-python keeps every sliding-window cell (swa_full)
+            kv = kv_bytes(model, args.n_ctx, args.cache_type_k, args.cache_type_v, args.layer_adaptive,
+                          swa_full=True, upper_bound=True)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return  # an architecture kv_bytes does not know: llama.cpp decides
+    weights = Path(model).stat().st_size
+    if kv + weights > avail:
+        gib = 2 ** 30
+        slots = f" x --parallel {args.parallel}" if args.engine == "llama-server" else ""
+        raise ValueError(f"--n-ctx {args.n_ctx}{slots} needs {kv / gib:.1f} GiB of KV cache "
+                         f"({args.cache_type_k} K, {args.cache_type_v} V) and {weights / gib:.1f} GiB of weights, "
+                         f"but this machine has {avail / gib:.1f} GiB available: lower --n-ctx or --parallel, "
+                         f"or use a smaller cache type")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
@@ -70,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         model = args.model or str(data.default_model())
         from .chat_template import fallback_for
         fallback = fallback_for(model)
+        _check_memory(model, args)
     except (ValueError, OSError) as e:
         sys.exit(f"server: {e}")
     alias = args.alias or Path(model).name

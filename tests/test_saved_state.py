@@ -1,0 +1,213 @@
+"""Saved state with turboq caches: restored exactly, or refused with a reason; never misread.
+
+- llama-cpp-python (pyturbo.Llama.save_state / load_state);
+- llama-server slot files (`--slot-save-path`, POST /slots/0?action=save|restore|erase).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pyturbo import data
+from test_server import free_port, server_cmd, start, stop, wait_healthy
+
+PROMPT = "The old man looked at the sea and said"
+
+
+@pytest.fixture(scope="module")
+def Llama(build_info):
+    from pyturbo.llama import Llama
+    return Llama
+
+
+@pytest.fixture(scope="module")
+def tiny(build_info):
+    return str(data.tiny_model())
+
+
+def make(Llama, path, k, v, la=None):
+    return Llama(path, cache_type_k=k, cache_type_v=v, layer_adaptive=la, n_ctx=256, n_batch=256, flash_attn=True,
+                 verbose=False, seed=1)
+
+
+def continuation(llm, first: int, n: int = 6) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy tokens and their logits, fed one at a time from `first`."""
+    tokens, logits = [first], []
+    for _ in range(n):
+        llm.eval([tokens[-1]])
+        logits.append(llm.scores[llm.n_tokens - 1].copy())
+        tokens.append(int(np.argmax(logits[-1])))
+    return tokens, logits
+
+
+@pytest.mark.parametrize("k,v", [("turboq2", "turboq2"), ("turboq8", "turboq8"), ("q8_0", "turboq4"),
+                                 ("turboq4", "turboq3"), ("turboq3", "f16")])
+def test_python_state_restores_bit_identically(Llama, k, v):
+    llm = make(Llama, str(data.default_model()), k, v)
+    llm.eval(llm.tokenize(PROMPT.encode()))
+    state = llm.save_state()
+    first = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    tokens, logits = continuation(llm, first)
+    llm.load_state(state)
+    assert bytes(llm.save_state().llama_state) == bytes(state.llama_state)
+    again, logits2 = continuation(llm, first)
+    assert again == tokens
+    for a, b in zip(logits, logits2):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("k,v,la,reason", [
+    ("q8_0", "q8_0", None, "mismatched key type (q8_0 in this context, turboq3 in the saved state"),
+    ("turboq4", "turboq3", None, "mismatched key type (turboq4 in this context, turboq3 in the saved state"),
+    ("turboq3", "turboq3", 1, "mismatched key type (q8_0 in this context, turboq3 in the saved state"),
+    ("turboq3", "turboq4", None, "mismatched value type (turboq4 in this context, turboq3 in the saved state"),
+])
+def test_python_state_of_another_cache_type_is_refused_and_nothing_is_lost(Llama, tiny, k, v, la, reason):
+    from pyturbo.llama import StateError
+    a = make(Llama, tiny, "turboq3", "turboq3")
+    a.eval(a.tokenize(PROMPT.encode()))
+    state = a.save_state()
+    b = make(Llama, tiny, k, v, la)
+    b.eval(b.tokenize(b"Another text, another cache."))
+    before = bytes(b.save_state().llama_state)
+    n_before = b.n_tokens
+    with pytest.raises(StateError) as e:
+        b.load_state(state)
+    assert reason in str(e.value)
+    assert b.n_tokens == n_before and bytes(b.save_state().llama_state) == before
+
+
+def test_python_truncated_state_is_refused(Llama, tiny):
+    from pyturbo.llama import StateError
+    a = make(Llama, tiny, "turboq3", "turboq3")
+    a.eval(a.tokenize(PROMPT.encode()))
+    state = a.save_state()
+    b = make(Llama, tiny, "turboq3", "turboq3")
+    for cut in (0, 4, 64, len(state.llama_state) // 2, len(state.llama_state) - 1):
+        bad = copy.copy(state)
+        bad.llama_state = state.llama_state[:cut]
+        bad.llama_state_size = cut
+        with pytest.raises(StateError):
+            b.load_state(bad)
+    b.load_state(state)  # and the real one still loads
+    assert bytes(b.save_state().llama_state) == bytes(state.llama_state)
+
+
+@pytest.fixture(scope="module")
+def tiny_state(Llama, tiny):
+    a = make(Llama, tiny, "turboq3", "turboq3")
+    a.eval(a.tokenize(PROMPT.encode()))
+    b = make(Llama, tiny, "turboq3", "turboq3")
+    b.eval(b.tokenize(b"Something else."))
+    return a.save_state(), b
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=4))
+def test_python_corrupted_state_is_refused_and_nothing_is_lost(tiny_state, flips):
+    """Flipped bytes anywhere in a saved state: refused (the SHA-256 pyturbo's save_state adds),
+    and the context keeps what it held. llama.cpp alone loads some of these: a flipped output
+    count (byte 0) restores, and the next decode returns non-finite logits."""
+    from pyturbo.llama import StateError
+    state, b = tiny_state
+    raw = bytearray(state.llama_state)
+    for pos, xor in {pos % len(raw): xor for pos, xor in flips}.items():  # one flip per byte: none cancels
+        raw[pos] ^= xor
+    bad = copy.copy(state)
+    bad.llama_state = bytes(raw)
+    before = bytes(b.save_state().llama_state)
+    with pytest.raises(StateError, match="corrupt"):
+        b.load_state(bad)
+    assert bytes(b.save_state().llama_state) == before
+
+
+# ---- llama-server slot files ----
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
+                                 method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def complete(url: str, prompt: str, n: int = 8) -> str:
+    status, body = post(url + "/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0, "id_slot": 0})
+    assert status == 200, body
+    return body["choices"][0]["text"]
+
+
+class SlotServer:
+    def __init__(self, k: str, v: str, slots, la: int = 0, model: str | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = start(server_cmd("llama-server", self.port, "-ctk", k, "-ctv", v, "--layer-adaptive", str(la),
+                                     *(["--model", model] if model else []),
+                                     "--n-ctx", "512", "--parallel", "1", "--", "--slot-save-path", str(slots)))
+        wait_healthy(self.url, self.proc)
+
+    def slot(self, action: str, filename: str | None = None) -> tuple[int, dict]:
+        return post(f"{self.url}/slots/0?action={action}", {"filename": filename} if filename else {})
+
+    def close(self) -> str:
+        return stop(self.proc)
+
+
+@pytest.mark.parametrize("k,v", [("turboq3", "turboq3"), ("turboq8", "turboq2"), ("turboq4", "turboq4"),
+                                 ("q8_0", "turboq4")])
+def test_slot_restore_continues_bit_identically(tiny, tmp_path, k, v):
+    """On a model without sliding-window layers: llama-server re-processes the whole prompt after
+    a restore on SWA models (it keeps no SWA checkpoints in slot files), which is upstream's
+    policy and makes a different (equally valid) K-centering mean for turboq K."""
+    srv = SlotServer(k, v, tmp_path, model=tiny)
+    try:
+        first = complete(srv.url, PROMPT)
+        assert srv.slot("save", "s.bin")[0] == 200
+        follow = PROMPT + first + " Then"
+        uninterrupted = complete(srv.url, follow, 12)
+        assert srv.slot("erase")[0] == 200
+        status, body = srv.slot("restore", "s.bin")
+        assert status == 200 and body["n_restored"] > 0, body
+        assert complete(srv.url, follow, 12) == uninterrupted
+    finally:
+        srv.close()
+
+
+def test_slot_files_are_refused_when_they_do_not_fit(build_info, tmp_path):
+    a = SlotServer("turboq3", "turboq3", tmp_path)
+    try:
+        complete(a.url, PROMPT)
+        assert a.slot("save", "s.bin")[0] == 200
+        for name in ("../x.bin", "/tmp/x.bin", "a/../../x.bin", "..", ""):
+            status, body = a.slot("save", name)
+            assert status == 400 and body["error"]["message"], (name, body)
+            status, body = a.slot("restore", name)
+            assert status == 400, (name, body)
+        raw = (tmp_path / "s.bin").read_bytes()
+        for cut in (0, 10, len(raw) // 2, len(raw) - 1):
+            (tmp_path / f"cut{cut}.bin").write_bytes(raw[:cut])
+            status, body = a.slot("restore", f"cut{cut}.bin")
+            assert status == 400 and "slot" in body["error"]["message"].lower(), (cut, body)
+        assert complete(a.url, "1, 2, 3, 4, 5,", 3).strip().startswith("6")  # still serving
+    finally:
+        a.close()
+    for k, v, la in (("q8_0", "q8_0", 0), ("turboq4", "turboq3", 0), ("turboq3", "turboq3", 3)):
+        b = SlotServer(k, v, tmp_path, la)
+        try:
+            status, body = b.slot("restore", "s.bin")
+            assert status == 400, (k, v, la, body)
+            assert complete(b.url, "1, 2, 3, 4, 5,", 3).strip().startswith("6")
+        finally:
+            log = b.close()
+        assert "mismatched key type" in log or "mismatched value type" in log, log[-2000:]
+    shutil.rmtree(tmp_path, ignore_errors=True)
