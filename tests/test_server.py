@@ -1,6 +1,7 @@
 """`python -m server`, both engines, on 127.0.0.1, driven with the official openai client."""
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -217,15 +218,30 @@ def test_bad_flags_end_with_a_message_not_a_traceback(flags, message):
     assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def test_engine_killed_is_reported_and_the_supervisor_exits(build_info):
+def test_engine_killed_during_generation_is_reported_and_the_supervisor_exits(build_info):
+    import threading
     port = free_port()
-    proc = start(server_cmd("llama-server", port, "--n-ctx", "256", "--parallel", "1"))
+    proc = start(server_cmd("llama-server", port, "--n-ctx", "512", "--parallel", "1"))
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)
         child = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert len(child) == 1
+        got: dict = {}
+
+        def stream() -> None:
+            try:
+                got["status"], _ = post(f"http://127.0.0.1:{port}/v1/completions", json.dumps(
+                    {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}).encode())
+            except (OSError, ValueError, http.client.HTTPException) as e:
+                got["error"] = e
+
+        client = threading.Thread(target=stream)
+        client.start()
+        time.sleep(1.5)  # generating
         os.kill(int(child[0]), signal.SIGKILL)
         proc.wait(timeout=30)
+        client.join(timeout=30)
+        assert not client.is_alive(), "the client hangs on a dead server"
         out = proc.stdout.read()
         assert proc.returncode != 0
         assert "llama-server killed by SIGKILL" in out
