@@ -184,6 +184,8 @@ def test_slot_restore_continues_bit_identically(tiny, tmp_path, k, v):
 
 
 def test_slot_files_are_refused_when_they_do_not_fit(build_info, tmp_path):
+    """Path traversal, truncation (patch 18), flipped bytes (patch 19's CRC-32) and another cache
+    type or layer mode: 400, and the server goes on serving."""
     a = SlotServer("turboq3", "turboq3", tmp_path)
     try:
         complete(a.url, PROMPT)
@@ -198,9 +200,16 @@ def test_slot_files_are_refused_when_they_do_not_fit(build_info, tmp_path):
             (tmp_path / f"cut{cut}.bin").write_bytes(raw[:cut])
             status, body = a.slot("restore", f"cut{cut}.bin")
             assert status == 400 and "slot" in body["error"]["message"].lower(), (cut, body)
+        for pos in (13, 40, len(raw) // 2, len(raw) - 20):  # a count, a layer header, K/V data, the tail
+            flipped = bytearray(raw)
+            flipped[pos] ^= 0x10
+            (tmp_path / f"flip{pos}.bin").write_bytes(bytes(flipped))
+            status, body = a.slot("restore", f"flip{pos}.bin")
+            assert status == 400, (pos, body)
         assert complete(a.url, "1, 2, 3, 4, 5,", 3).strip().startswith("6")  # still serving
     finally:
-        a.close()
+        log = a.close()
+    assert log.count("is corrupt: its CRC-32 is") == 4, log[-3000:]
     for k, v, la in (("q8_0", "q8_0", 0), ("turboq4", "turboq3", 0), ("turboq3", "turboq3", 3)):
         b = SlotServer(k, v, tmp_path, la)
         try:

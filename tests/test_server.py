@@ -249,3 +249,14 @@ def test_engine_killed_during_generation_is_reported_and_the_supervisor_exits(bu
             assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing left listening
     finally:
         stop(proc)
+
+
+def test_binds_this_machine_only_by_default(build_info):
+    from server.cli import parser
+    from server.llama_server import LaunchSpec
+    args = parser().parse_args([])
+    assert args.host == "127.0.0.1"
+    spec = LaunchSpec("m.gguf", "f16", "f16", 0, 4096, 4, args.host, args.port, "m", api_key="k")
+    argv = spec.argv()
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert "k" not in argv and spec.env()["LLAMA_API_KEY"] == "k"  # the key is not on the command line

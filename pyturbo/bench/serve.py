@@ -1,4 +1,4 @@
-"""`pyturbo bench serve` and `pyturbo bench kv-memory`: `python -m server` under concurrent clients.
+"""`pyturbo bench serve`, `kv-memory` and `soak`: `python -m server` under concurrent clients.
 
 serve: one client alone, then --clients clients at once, against the same server (--parallel
 slots); each request generates exactly --max-tokens tokens (ignore_eos) from its own slice of
@@ -8,6 +8,8 @@ kv-memory: starts the server once per cache type at --n-ctx per slot and --paral
 the KV MiB that llama-server reports, and how many such slots fit in 1 GiB of KV (kv_bytes,
 which the report is checked against). Without --kv-unified, each slot of llama-server is a cache
 of its own: --n-ctx cells, and its own sliding-window cells.
+
+soak: a bounded run of mixed traffic (issue 11), kept for the record, not run in CI.
 """
 from __future__ import annotations
 
@@ -160,9 +162,126 @@ def add_parsers(sub) -> None:
     p.add_argument("-ctv", "--cache-type-v", default="turboq4")
     p.add_argument("--layer-adaptive", type=int, default=3)
     p.set_defaults(func=serve)
+    p = sub.add_parser("soak", help="minutes of concurrent mixed traffic with cancelled streams; failures counted")
+    p.add_argument("--minutes", type=float, default=10)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--parallel", type=int, default=4)
+    p.add_argument("--n-ctx", type=int, default=2048)
+    p.add_argument("-ctk", "--cache-type-k", default="turboq3")
+    p.add_argument("-ctv", "--cache-type-v", default="turboq3")
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: llama-server flags (e.g. --cache-ram 0)")
+    p.set_defaults(func=soak)
     p = sub.add_parser("kv-memory", help="KV MiB that llama-server reports per cache type, and slots per GiB")
     p.add_argument("--model")
     p.add_argument("--n-ctx", type=int, default=32768, help="per slot")
     p.add_argument("--parallel", type=int, default=4)
     p.add_argument("--types", nargs="+", default=["f16", "q8_0", "turboq4", "turboq3", "turboq2"])
     p.set_defaults(func=kv_memory)
+
+
+def _rss_mib(pid: int) -> float:
+    """Resident memory of a process and its children (the supervisor and llama-server)."""
+    import subprocess as sp
+    pids = [str(pid), *sp.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            pass
+    return total / 1024
+
+
+def soak(args: argparse.Namespace) -> None:
+    """--minutes of --clients concurrent clients, each looping over completions, chat and streams
+    (a share of the streams hung up mid-way), against one server. Any 5xx, connection error or
+    wrong answer is counted; the server's memory is sampled; a counting check runs at the end."""
+    import http.client
+    import random
+    import re
+
+    text = data.corpus().read_text(encoding="utf-8")
+    flags = ["-ctk", args.cache_type_k, "-ctv", args.cache_type_v, "--parallel", str(args.parallel),
+             "--n-ctx", str(args.n_ctx), "--quiet"]
+    extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
+    if extra:
+        flags += ["--", *extra]
+    stats: dict[str, int] = {}
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def count(key: str) -> None:
+        with lock:
+            stats[key] = stats.get(key, 0) + 1
+
+    with Server(flags) as srv:
+        rss = [_rss_mib(srv.proc.pid)]
+        stop_at = time.time() + 60 * args.minutes
+
+        def client(c: int) -> None:
+            rng = random.Random(c)
+            while time.time() < stop_at:
+                kind = rng.choice(["completion", "chat", "stream", "stream-cancel"])
+                start = rng.randrange(0, len(text) - 2000)
+                prompt = text[start:start + rng.randrange(50, 1500)]
+                body: dict = {"max_tokens": rng.randrange(4, 64), "temperature": 0.7}
+                if kind == "chat":
+                    body["messages"] = [{"role": "user", "content": prompt[:400]}]
+                    path = "/v1/chat/completions"
+                else:
+                    body["prompt"] = prompt
+                    path = "/v1/completions"
+                body["stream"] = kind.startswith("stream")
+                t0 = time.perf_counter()
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=300)
+                    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+                    r = conn.getresponse()
+                    if r.status >= 500:
+                        count(f"{kind} HTTP {r.status}")
+                    elif r.status >= 400:
+                        count(f"{kind} HTTP {r.status}")
+                    elif kind == "stream-cancel":
+                        for _ in range(rng.randrange(1, 4)):
+                            r.fp.readline()
+                        conn.sock.close()
+                        count(f"{kind} ok")
+                    else:
+                        raw = r.read()
+                        if kind == "stream":
+                            ok = b"data: [DONE]" in raw
+                        else:
+                            ok = bool(json.loads(raw).get("choices"))
+                        count(f"{kind} {'ok' if ok else 'BAD BODY'}")
+                        with lock:
+                            latencies.append(time.perf_counter() - t0)
+                    conn.close()
+                except (OSError, http.client.HTTPException, ValueError) as e:
+                    count(f"{kind} ERROR {type(e).__name__}")
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(args.clients)]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            time.sleep(30)
+            rss.append(_rss_mib(srv.proc.pid))
+            print(f"# {time.strftime('%H:%M:%S')} {sum(stats.values())} requests, RSS {rss[-1]:.0f} MiB, {stats}",
+                  file=sys.stderr, flush=True)
+        out = srv.post("/v1/completions", {"prompt": "41, 42, 43, 44, 45, 46,", "max_tokens": 4, "temperature": 0})
+        final_ok = out["choices"][0]["text"].strip().startswith("47")
+        alive = srv.proc.poll() is None
+    lat = sorted(latencies)
+    bad = {k: v for k, v in stats.items() if not k.endswith(" ok")}
+    print(f"\nsoak: {args.minutes} min, {args.clients} clients, `python -m server {' '.join(flags)}`\n")
+    print("| requests | " + " | ".join(sorted(stats)) + " |")
+    print("|---|" + "---|" * len(stats))
+    print(f"| {sum(stats.values())} | " + " | ".join(str(stats[k]) for k in sorted(stats)) + " |")
+    if lat:
+        print(f"\nlatency of completed non-cancelled requests: p50 {lat[len(lat) // 2]:.2f} s, "
+              f"p95 {lat[int(len(lat) * 0.95)]:.2f} s, max {lat[-1]:.2f} s")
+    print(f"server RSS (supervisor + llama-server): start {rss[0]:.0f} MiB, max {max(rss):.0f} MiB, end {rss[-1]:.0f} MiB")
+    print(f"failures (5xx, connection errors, bad bodies): {bad or 'none'}; server alive at the end: {alive}; "
+          f"counting check after: {'right' if final_ok else 'WRONG'}")
+    if bad or not final_ok or not alive:
+        sys.exit(1)

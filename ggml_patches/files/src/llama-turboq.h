@@ -81,3 +81,17 @@ void llama_turboq_write_k_mean(llama_io_write_i & io, ggml_tensor * k_mean);
 // false with an error logged when the record is missing or corrupt
 bool llama_turboq_read_k_rows(llama_io_read_i & io, ggml_tensor * k_mean, ggml_tensor * k, size_t k_size_row,
                               const uint32_t * run_from, const uint32_t * run_to, size_t n_runs, uint32_t il);
+
+// ---- sequence state files (llama-server slot files) ----
+//
+// llama.cpp's state format carries no checksum: a flipped byte in a count can restore as
+// garbage, and a flipped byte in K/V data silently changes the cache. A sequence state file
+// written here ends with a record {"TQCK", CRC-32 of every byte before it}; a file whose record
+// does not match is refused. A file without the record (another build) is read as before.
+
+// appends the record to a file just written; false (with an error logged) on an I/O error
+bool llama_turboq_seq_file_seal(const char * path);
+
+// 1: the record is there and matches; 0: no record; -1: the record does not match (logged)
+int llama_turboq_seq_file_check(const char * path);
+
