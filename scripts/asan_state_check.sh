@@ -11,4 +11,4 @@ upstream=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ups
 cmake -S . -B "$ASAN_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPYTURBO_UPSTREAM_DIR="$upstream" \
     -DLLAMA_SANITIZE_ADDRESS=ON -DGGML_SANITIZE_ADDRESS=ON -DLLAMA_BUILD_TESTS=OFF >/dev/null
 cmake --build "$ASAN_BUILD" -j"$(nproc)" --target llama-server
-exec python3 tests/harness/slot_state_asan.py "$ASAN_BUILD/bin" "$@"
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec python3 tests/harness/slot_state_asan.py "$ASAN_BUILD/bin" "$@"

@@ -68,7 +68,15 @@ def main() -> int:
             for i, case in enumerate(cases):
                 (slots / "bad.bin").write_bytes(case)
                 status, _ = post(url + "/slots/0?action=restore", {"filename": "bad.bin"})
-                key = f"{k}/{v} {'refused' if status == 400 else 'restored' if status == 200 else status}"
+                what = 'refused' if status == 400 else 'restored' if status == 200 else str(status)
+                if status == 200 and case == raw:
+                    what = "restored (flips cancelled: the good file)"
+                elif status == 200 and case == raw[:-8]:
+                    what = "restored (only the CRC-32 record cut: the state is whole, read as an unsealed file)"
+                key = f"{k}/{v} {what}"
+                if what == "restored":
+                    diff = [p for p in range(min(len(case), len(raw))) if case[p] != raw[p]]
+                    print(f"restored a bad file: {len(case)} of {len(raw)} bytes, differing at {diff[:8]}", flush=True)
                 results[key] = results.get(key, 0) + 1
                 if proc.poll() is not None:
                     break
