@@ -32,3 +32,10 @@ def lib(build_info):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="session")
+def Llama(build_info):
+    """pyturbo.Llama (importing it sets LLAMA_CPP_LIB_PATH, so only once a build exists)."""
+    from pyturbo.llama import Llama
+    return Llama

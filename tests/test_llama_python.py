@@ -10,12 +10,6 @@ PROMPT = "The old man looked at the sea and said"
 
 
 @pytest.fixture(scope="session")
-def Llama(build_info):
-    from pyturbo.llama import Llama
-    return Llama
-
-
-@pytest.fixture(scope="session")
 def gemma(build_info):
     return str(data.default_model())
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -18,14 +16,9 @@ from hypothesis import strategies as st
 
 from pyturbo import data
 from test_server import free_port, server_cmd, start, stop, wait_healthy
+from test_server import post as post_json
 
 PROMPT = "The old man looked at the sea and said"
-
-
-@pytest.fixture(scope="module")
-def Llama(build_info):
-    from pyturbo.llama import Llama
-    return Llama
 
 
 @pytest.fixture(scope="module")
@@ -132,13 +125,7 @@ def test_python_corrupted_state_is_refused_and_nothing_is_lost(tiny_state, flips
 # ---- llama-server slot files ----
 
 def post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
-                                 method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return post_json(url, json.dumps(body).encode())
 
 
 def complete(url: str, prompt: str, n: int = 8) -> str:
