@@ -4,18 +4,12 @@
 """
 from __future__ import annotations
 
-import ctypes as C
-
 import numpy as np
 
-from .ggml import ggml
+from .ggml import _ptr, ggml
 from .types import CacheType, cache_type
 
 __all__ = ["quantize", "dequantize", "encode"]
-
-
-def _ptr(a: np.ndarray) -> C.c_void_p:
-    return C.c_void_p(a.ctypes.data)
 
 
 def quantize(x: np.ndarray, type_name: str | CacheType) -> np.ndarray:

@@ -27,8 +27,13 @@ def read_metadata(path: str | Path) -> dict[str, object]:
                 raise GGUFError(f"{path}: truncated GGUF header")
             return struct.unpack(fmt, raw)[0]
 
+        size = f.seek(0, 2)
+        f.seek(0)
+
         def string() -> str:
             n = take("<Q")
+            if n > size - f.tell():
+                raise GGUFError(f"{path}: a string of {n} bytes runs past the end of the file")
             raw = f.read(n)
             if len(raw) != n:
                 raise GGUFError(f"{path}: truncated GGUF header")
@@ -39,6 +44,8 @@ def read_metadata(path: str | Path) -> dict[str, object]:
                 f.seek(take("<Q"), 1)
             elif vtype == _ARRAY:
                 etype, count = take("<I"), take("<Q")
+                if count > size - f.tell():
+                    raise GGUFError(f"{path}: an array of {count} values runs past the end of the file")
                 if etype in _SCALARS:
                     f.seek(struct.calcsize(_SCALARS[etype]) * count, 1)
                 else:

@@ -38,7 +38,11 @@ class LayerPolicy:
 @lru_cache(maxsize=1)
 def policies() -> dict[int, LayerPolicy]:
     lib = C.CDLL(str(lib_dir() / "libllama.so"))
-    fn = lib.llama_turboq_layer_policy
+    try:
+        fn = lib.llama_turboq_layer_policy
+    except AttributeError:
+        raise OSError(f"{lib_dir() / 'libllama.so'} has no llama_turboq_layer_policy: an unpatched or older "
+                      f"build; rebuild with `bash scripts/setup.sh`") from None
     fn.restype = C.c_bool
     fn.argtypes = [C.c_int32, C.POINTER(C.c_int32)]
     by_id = {t.ggml_id: t.name for t in CACHE_TYPES.values()}

@@ -143,7 +143,7 @@ class Llama(llama_cpp.Llama):
         digest = getattr(state, "pyturbo_sha256", None)
         if digest is not None and hashlib.sha256(bytes(state.llama_state)).hexdigest() != digest:
             raise StateError("saved state is corrupt: its bytes do not match the SHA-256 taken when it was saved")
-        backup = self.save_state()
+        backup = super().save_state()  # no digest needed for our own copy
         data = (ctypes.c_uint8 * size).from_buffer_copy(state.llama_state)
         with captured_log(False) as log:
             ok = llama_cpp.llama_state_set_data(self._ctx.ctx, data, size) == size

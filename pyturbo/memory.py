@@ -92,7 +92,7 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
 
     total = 0
     for il in range(g.n_layer):
-        if ranked or (policy is not None and policy.k_gain_div):
+        if policy is not None and policy.k_gain_div:
             tk, tv = policy.types(il in ranked, cache_type_k, cache_type_v)
             # the boundary type may be smaller than the requested one: bound each by the larger
             tk = max((tk, cache_type_k), key=lambda t: row_bytes(t, g.head_dim_k))

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from pyturbo import data, layer_adaptive
+from pyturbo._paths import UnpatchedLibraryError, binary
 from pyturbo.types import CACHE_TYPES, cache_type
 
 ENGINES = ("llama-server", "python")
@@ -120,12 +121,14 @@ def main(argv: list[str] | None = None) -> None:
             spec = llama_server.LaunchSpec(model, args.cache_type_k, args.cache_type_v, args.layer_adaptive, args.n_ctx,
                                            args.parallel, args.host, args.port, alias, args.api_key, args.n_threads,
                                            fallback, args.quiet, args.extra)
-            argv_ = spec.argv()
+            binary("llama-server")
         except FileNotFoundError as e:
             sys.exit(f"server: {e}")
         sys.exit(llama_server.run(spec))
     try:
         from . import python_engine
+    except UnpatchedLibraryError as e:
+        sys.exit(f"server: {e}")
     except ImportError as e:
         sys.exit(f"server: --engine python needs llama-cpp-python (pip install '.[python]'): {e}")
     from pyturbo.llama import ContextError

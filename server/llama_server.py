@@ -74,7 +74,9 @@ def describe_exit(rc: int) -> str:
 def run(spec: LaunchSpec) -> int:
     if spec.chat_fallback:
         print(f"server: {spec.chat_fallback.describe()}", file=sys.stderr, flush=True)
-    proc = subprocess.Popen(spec.argv(), env=spec.env(), preexec_fn=_die_with_parent)
+    # its own session: a terminal Ctrl-C reaches llama-server once, through forward(), not twice
+    # (a second SIGINT makes it exit at once, skipping its shutdown)
+    proc = subprocess.Popen(spec.argv(), env=spec.env(), preexec_fn=_die_with_parent, start_new_session=True)
     stopping = False
 
     def forward(signum, _frame):
@@ -89,5 +91,4 @@ def run(spec: LaunchSpec) -> int:
     if rc != 0 and not stopping:
         print(f"server: llama-server {describe_exit(rc)}; the server is down (see its log above)",
               file=sys.stderr, flush=True)
-        return rc if rc > 0 else 128 - rc
-    return 0 if stopping else rc
+    return rc if rc >= 0 else 128 - rc

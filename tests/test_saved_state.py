@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -141,7 +140,11 @@ class SlotServer:
         self.proc = start(server_cmd("llama-server", self.port, "-ctk", k, "-ctv", v, "--layer-adaptive", str(la),
                                      *(["--model", model] if model else []),
                                      "--n-ctx", "512", "--parallel", "1", "--", "--slot-save-path", str(slots)))
-        wait_healthy(self.url, self.proc)
+        try:
+            wait_healthy(self.url, self.proc)
+        except BaseException:
+            stop(self.proc)
+            raise
 
     def slot(self, action: str, filename: str | None = None) -> tuple[int, dict]:
         return post(f"{self.url}/slots/0?action={action}", {"filename": filename} if filename else {})
@@ -206,4 +209,3 @@ def test_slot_files_are_refused_when_they_do_not_fit(build_info, tmp_path):
         finally:
             log = b.close()
         assert "mismatched key type" in log or "mismatched value type" in log, log[-2000:]
-    shutil.rmtree(tmp_path, ignore_errors=True)

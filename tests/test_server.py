@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -34,7 +35,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{proc.stdout.read()[-3000:]}")
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{output(proc)[-3000:]}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
                 if r.status == 200:
@@ -51,7 +52,18 @@ def server_cmd(engine: str, port: int, *flags: str) -> list[str]:
 
 
 def start(cmd: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    # the log goes to a file: a pipe that nobody reads while a server lives for a whole module
+    # would fill up with its per-request error lines and stall it
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    proc.log = log
+    return proc
+
+
+def output(proc: subprocess.Popen) -> str:
+    proc.log.flush()
+    proc.log.seek(0)
+    return proc.log.read()
 
 
 def stop(proc: subprocess.Popen) -> str:
@@ -62,7 +74,7 @@ def stop(proc: subprocess.Popen) -> str:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return proc.stdout.read()
+    return output(proc)
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -242,7 +254,7 @@ def test_engine_killed_during_generation_is_reported_and_the_supervisor_exits(bu
         proc.wait(timeout=30)
         client.join(timeout=30)
         assert not client.is_alive(), "the client hangs on a dead server"
-        out = proc.stdout.read()
+        out = output(proc)
         assert proc.returncode != 0
         assert "llama-server killed by SIGKILL" in out
         with socket.socket() as s:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from .. import data
 from ..tools import llama_perplexity, run_tool
+from ..layer_adaptive import policies
+from ..memory import kv_geometry
 from ..types import cache_type
 
 QUALITY_TYPES = ["f16", "q8_0", "q4_0", "turboq8", "turboq4", "turboq3", "turboq2"]
@@ -44,12 +46,15 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
 
 
 def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str]) -> float:
-    """Bits per value of K and V together (layer mode 3 on an 18-layer model: 2 layers of q8_0 K)."""
+    """Bits per value of K and V together; for a mode that ranks layers by K gain (3), its
+    n_layer // k_gain_div boundary layers carry the boundary K type (the C table's)."""
     bk, bv = cache_type(k).bpw, cache_type(v).bpw
-    if env.get("TURBO_LAYER_ADAPTIVE") == "3":
-        n = max(1, model_layers // 9)
-        bk = ((model_layers - n) * bk + n * cache_type("q8_0").bpw) / model_layers
-    elif env.get("TURBO_LAYER_ADAPTIVE"):
+    mode = int(env.get("TURBO_LAYER_ADAPTIVE") or 0)
+    policy = policies().get(mode)
+    if policy is not None and policy.k_gain_div and policy.v_boundary is None and policy.v_other is None:
+        n = max(1, model_layers // policy.k_gain_div)
+        bk = ((model_layers - n) * bk + n * cache_type(policy.k_boundary or k).bpw) / model_layers
+    elif mode:
         return float("nan")
     return (bk + bv) / 2
 
@@ -64,7 +69,7 @@ def quality(args: argparse.Namespace) -> None:
             label, k, v, env = parse_config(c)
             r = llama_perplexity(model, text, k, v, ctx=512, chunks=args.chunks, threads=args.threads,
                            kld_base=base, write_base=(c == "f16"), env=env)
-            rows.append((label, config_bpw(18, k, v, env), r))
+            rows.append((label, config_bpw(kv_geometry(model).n_layer, k, v, env), r))
             print(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} KV {r.kv_mib:.2f} MiB", file=sys.stderr, flush=True)
     f16_kv = rows[0][2].kv_mib
     q4 = next((r.kld for label, _, r in rows if label == "q4_0"), None)
@@ -98,10 +103,10 @@ def bench_once(model: Path, config: str, threads: int, reps: int, extra: list[st
 
 def speed(args: argparse.Namespace) -> None:
     model = data.default_model()
-    configs = SPEED_RUNS
+    args.types = quality_types(args.types)  # the ratios are to f16
     samples: dict[str, dict[str, list[float]]] = {t: {} for t in args.types}
     for rnd in range(args.rounds):
-        for cfg in configs:
+        for cfg in SPEED_RUNS:
             for t in args.types:
                 for k, v in bench_once(model, t, args.threads, args.reps, cfg).items():
                     samples[t].setdefault(k, []).append(v)
