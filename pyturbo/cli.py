@@ -10,7 +10,7 @@ from . import UPSTREAM_COMMIT, UPSTREAM_SDIST, data
 from ._paths import binary, lib_dir, tool_env
 from .types import CACHE_TYPES
 
-LLAMA_TOOLS = ("llama-server", "llama-perplexity", "llama-bench", "llama-cli", "test-backend-ops")
+LLAMA_TOOLS = ("llama-server", "llama-perplexity", "llama-bench", "llama-cli", "test-backend-ops", "ggml-rpc-server")
 
 
 def cmd_tool(args: argparse.Namespace) -> None:

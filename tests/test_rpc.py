@@ -1,0 +1,118 @@
+"""turboq caches on llama.cpp's RPC backend: two ggml-rpc-server processes on 127.0.0.1 stand for
+two machines, llama-perplexity offloads every layer (and so its KV cache) to them, and the result
+must match the same run on the local CPU.
+
+The local run uses --no-repack: an RPC server's CPU backend keeps weights in plain buffers, while a
+local run repacks Q4_K weights for its AVX2 kernels, which sum in another order (that alone moves
+Gemma's f16 PPL by ~0.5%, with or without turboq). With the same weight layout the two runs
+execute the same kernels on the same bytes, so the bound below is far looser than what is needed.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from pyturbo import data
+from pyturbo._paths import binary, tool_env
+from pyturbo.tools import llama_perplexity as perplexity
+
+REL_PPL_TOL = 1e-3   # the issue's bound on |dPPL|/PPL
+KLD_TOL = 1e-3       # mean KLD of the RPC run's logits against the local run's
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ggml-rpc-server exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"ggml-rpc-server on port {port} did not listen within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def rpc_endpoints(build_info, tmp_path_factory):
+    """Two ggml-rpc-server processes, each with its own tensor cache directory (-c, LLAMA_CACHE)."""
+    procs, endpoints = [], []
+    try:
+        for i in range(2):
+            d = tmp_path_factory.mktemp(f"rpc{i}")
+            port = _free_port()
+            log = d / "server.log"
+            env = tool_env({"LLAMA_CACHE": str(d / "cache")})
+            p = subprocess.Popen([str(binary("ggml-rpc-server")), "-H", "127.0.0.1", "-p", str(port), "-t", "1", "-c"],
+                                 stdout=log.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            procs.append(p)
+            _wait_listening(port, p, log)
+            endpoints.append(f"127.0.0.1:{port}")
+        yield endpoints
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+_KV_BUF_RE = re.compile(r"llama_kv_cache: +(\S+?)(?:\[([\d.:]+)\])? KV buffer size = +([\d.]+) MiB")
+
+
+def kv_buffers(log: str) -> list[tuple[str, str | None, float]]:
+    """(device, endpoint, MiB) for each KV buffer llama.cpp allocated."""
+    return [(m.group(1), m.group(2), float(m.group(3))) for m in _KV_BUF_RE.finditer(log)]
+
+
+CASES = [("tiny128x4", "turboq3", "turboq3"), ("tiny128x4", "q8_0", "turboq4"),
+         ("gemma", "turboq3", "turboq3"), ("gemma", "q8_0", "turboq4")]
+
+
+@pytest.mark.parametrize("model,type_k,type_v", CASES, ids=["-".join(c) for c in CASES])
+def test_rpc_matches_local_cpu(rpc_endpoints, model, type_k, type_v, tmp_path):
+    path = data.default_model() if model == "gemma" else data.tiny_model(head_dim=128, n_layer=4)
+    text = data.corpus_slice(12000)
+    chunks = 3 if model == "gemma" else 4
+    base = tmp_path / "local.kld"
+    local = perplexity(path, text, type_k, type_v, ctx=256, chunks=chunks, kld_base=base, write_base=True,
+                       extra=("--no-repack",))
+    # -ts 1,1: one half of the layers on each server, so both hold part of the cache
+    remote = perplexity(path, text, type_k, type_v, ctx=256, chunks=chunks, kld_base=base,
+                        extra=("--rpc", ",".join(rpc_endpoints), "-ngl", "99", "-ts", "1,1"))
+
+    bufs = kv_buffers(remote.log)
+    assert bufs, remote.log[-3000:]
+    assert all(ep in rpc_endpoints for _, ep, _ in bufs), f"a KV buffer is not on an RPC device: {bufs}"
+    assert {ep for _, ep, _ in bufs} == set(rpc_endpoints), f"the cache is not spread over both servers: {bufs}"
+    assert f"K ({type_k})" in remote.log and f"V ({type_v})" in remote.log
+    local_bufs = kv_buffers(local.log)
+    assert local_bufs and all(dev == "CPU" for dev, _, _ in local_bufs)
+    assert abs(sum(b[2] for b in bufs) - sum(b[2] for b in local_bufs)) < 0.02, (bufs, local_bufs)
+
+    rel = abs(remote.ppl - local.ppl) / local.ppl
+    assert rel < REL_PPL_TOL, f"PPL local {local.ppl} vs RPC {remote.ppl}"
+    assert remote.kld is not None and remote.kld < KLD_TOL, f"mean KLD {remote.kld} of RPC vs local"
+    print(f"{model} {type_k}/{type_v}: PPL local {local.ppl:.4f} RPC {remote.ppl:.4f} (rel {rel:.1e}), "
+          f"KLD {remote.kld:.2e}, KV on {sorted({ep for _, ep, _ in bufs})}")
+
+
+def test_rpc_server_refuses_a_bad_flag(build_info):
+    r = subprocess.run([str(binary("ggml-rpc-server")), "--threads", "0"], capture_output=True, text=True,
+                       env=tool_env(), timeout=30, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0 and "invalid number of threads" in r.stderr, r.stderr
