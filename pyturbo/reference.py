@@ -143,3 +143,23 @@ def dequantize(blocks: np.ndarray, type_name: str) -> np.ndarray:
     k = norms.astype(np.float32)[:, None] * INV_SQRT_D
     s1, s2 = rotation_signs()
     return ((fwht(y * s2) * k) * s1).reshape(-1)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask: np.ndarray,
+              softcap: float = 0.0) -> np.ndarray:
+    """Flash attention's result in float64, as ggml defines it: q [n_head, n_q, d], k/v
+    [n_head_kv, n_kv, d] (query heads grouped over KV heads), an additive mask [n_q, n_kv] or
+    [n_head, n_q, n_kv], optional tanh soft-capping; a fully masked row gives zeros."""
+    rep = q.shape[0] // k.shape[0]
+    k = np.repeat(k.astype(np.float64), rep, axis=0)
+    v = np.repeat(v.astype(np.float64), rep, axis=0)
+    s = np.einsum("hqd,hkd->hqk", q.astype(np.float64), k) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    s = s + mask.astype(np.float64)
+    m = s.max(axis=-1, keepdims=True)
+    m[~np.isfinite(m)] = 0.0
+    p = np.exp(s - m)
+    den = p.sum(axis=-1, keepdims=True)
+    den[den == 0] = 1.0
+    return np.einsum("hqk,hkd->hqd", p / den, v)

@@ -2,7 +2,8 @@
 # Runs the whole test suite (setting up first, which is a no-op when nothing changed).
 # The GPU backends: the Vulkan build that tests/test_vulkan.py runs on lavapipe, and the CUDA
 # compile check (nvcc, no GPU). PYTURBO_SKIP_GPU_BACKENDS=1 leaves both out (the Vulkan tests
-# then skip, except under CI=true).
+# then skip, except under CI=true). The portable-kernel builds (AArch64 under qemu, x86 without
+# AVX2/FMA) for tests/test_portable_kernels.py: PYTURBO_SKIP_PORTABLE=1 leaves them out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
@@ -14,5 +15,10 @@ if [ "${PYTURBO_SKIP_GPU_BACKENDS:-0}" != 1 ]; then
     bash scripts/cuda_compile_check.sh
     t3=$(date +%s)
     echo "test.sh: setup $((t1 - t0)) s, Vulkan build $((t2 - t1)) s, CUDA compile check $((t3 - t2)) s"
+fi
+if [ "${PYTURBO_SKIP_PORTABLE:-0}" != 1 ]; then
+    t4=$(date +%s)
+    bash scripts/build_portable.sh
+    echo "test.sh: portable-kernel builds (AArch64, no-AVX2) $(( $(date +%s) - t4 )) s"
 fi
 python3 -m pytest -q -ra --durations=15 tests "$@"

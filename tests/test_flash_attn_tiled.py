@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from pyturbo import codec, ggml
+from pyturbo.reference import attention as numpy_attention
 from pyturbo.types import cache_type
 
 TOL = 1e-4
@@ -34,22 +35,6 @@ def decoded(x: np.ndarray, type_name: str) -> np.ndarray:
         u = flat.view(np.uint32)
         return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32).reshape(x.shape)
     return codec.dequantize(codec.quantize(flat, t), t).reshape(x.shape)
-
-
-def numpy_attention(q, k, v, scale, mask, softcap=0.0):
-    rep = q.shape[0] // k.shape[0]
-    k = np.repeat(k.astype(np.float64), rep, axis=0)
-    v = np.repeat(v.astype(np.float64), rep, axis=0)
-    s = np.einsum("hqd,hkd->hqk", q.astype(np.float64), k) * scale
-    if softcap:
-        s = softcap * np.tanh(s / softcap)
-    s = s + mask.astype(np.float64)
-    m = s.max(axis=-1, keepdims=True)
-    m[~np.isfinite(m)] = 0.0
-    p = np.exp(s - m)
-    den = p.sum(axis=-1, keepdims=True)
-    den[den == 0] = 1.0          # a fully masked row: ggml writes zeros
-    return np.einsum("hqk,hkd->hqd", p / den, v)
 
 
 def causal_mask(n_q: int, n_kv: int, hidden_prefix: int, hidden_row: int | None) -> np.ndarray:

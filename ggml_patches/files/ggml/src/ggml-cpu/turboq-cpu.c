@@ -12,115 +12,32 @@
 
 #include <string.h>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define TURBOQ_AVX2 1
+// Architecture code: arch/<arch>/turboq-kernels.h defines the primitives it accelerates, each
+// with a TURBOQ_ARCH_<PRIMITIVE> macro, and the generic versions below fill in the rest. A new
+// architecture adds one such header and one line here. -DGGML_TURBOQ_GENERIC builds the generic
+// versions only (for measuring what an arch file gains).
+#if !defined(GGML_TURBOQ_GENERIC) && defined(__AVX2__) && defined(__FMA__)
+#include "arch/x86/turboq-kernels.h"
+#elif !defined(GGML_TURBOQ_GENERIC) && defined(__ARM_NEON) && defined(__aarch64__)
+#include "arch/arm/turboq-kernels.h"
 #endif
 
-// ---- rotated-domain block decode: out[i] = centroid[idx_i], returns the block norm ----
+// ---- generic primitives ----
 
-#ifdef TURBOQ_AVX2
-static inline __m256i turboq_bytes8(const uint8_t * p) {
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) p));
-}
-
-static float turboq2_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq2_0 * b = (const block_turboq2_0 *) vb;
-    const __m256 lut = _mm256_setr_ps(turboq2_centroids[0], turboq2_centroids[1], turboq2_centroids[2], turboq2_centroids[3],
-                                      turboq2_centroids[0], turboq2_centroids[1], turboq2_centroids[2], turboq2_centroids[3]);
-    const __m256i three = _mm256_set1_epi32(3);
-    for (int j = 0; j < 4; ++j) {
-        const __m256i q = turboq_bytes8(b->qs + 8*j);
-        for (int k = 0; k < 4; ++k) {
-            const __m256i ik = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_set1_epi32(2*k)), three);
-            _mm256_storeu_ps(out + 32*k + 8*j, _mm256_permutevar8x32_ps(lut, ik));
-        }
-    }
-    return GGML_CPU_FP16_TO_FP32(b->norm);
-}
-
-static float turboq3_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq3_0 * b = (const block_turboq3_0 *) vb;
-    const __m256 lut = _mm256_loadu_ps(turboq3_centroids);
-    const __m256i three = _mm256_set1_epi32(3);
-    const __m256i one   = _mm256_set1_epi32(1);
-    const __m256i h0 = turboq_bytes8(b->qh);
-    const __m256i h1 = turboq_bytes8(b->qh + 8);
-    for (int j = 0; j < 4; ++j) {
-        const __m256i q = turboq_bytes8(b->qs + 8*j);
-        const __m256i h = (j & 1) ? h1 : h0;
-        for (int k = 0; k < 4; ++k) {
-            // value 32k + 8j + l: low bits at qs[8j+l] >> 2k, high bit at qh[8(j%2)+l] bit 2k + j/2
-            const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_set1_epi32(2*k)), three);
-            const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(h, _mm256_set1_epi32(2*k + j/2)), one);
-            const __m256i idx = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 2));
-            _mm256_storeu_ps(out + 32*k + 8*j, _mm256_permutevar8x32_ps(lut, idx));
-        }
-    }
-    return GGML_CPU_FP16_TO_FP32(b->norm);
-}
-
-static float turboq4_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq4_0 * b = (const block_turboq4_0 *) vb;
-    const __m256 lut_lo = _mm256_loadu_ps(turboq4_centroids);
-    const __m256 lut_hi = _mm256_loadu_ps(turboq4_centroids + 8);
-    const __m256i fifteen = _mm256_set1_epi32(15);
-    for (int j = 0; j < 8; ++j) {
-        const __m256i q = turboq_bytes8(b->qs + 8*j);
-        const __m256i idx[2] = { _mm256_and_si256(q, fifteen), _mm256_srli_epi32(q, 4) };
-        for (int k = 0; k < 2; ++k) {
-            // bit 3 of the index picks the upper half of the table; blendv reads the lane's sign bit
-            const __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(idx[k], 28));
-            const __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut_lo, idx[k]),
-                                              _mm256_permutevar8x32_ps(lut_hi, idx[k]), sel);
-            _mm256_storeu_ps(out + 64*k + 8*j, v);
-        }
-    }
-    return GGML_CPU_FP16_TO_FP32(b->norm);
-}
-
-static float turboq8_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq8_0 * b = (const block_turboq8_0 *) vb;
-    const __m256 step = _mm256_set1_ps(1.0f/127.5f);
-    const __m256 one  = _mm256_set1_ps(1.0f);
-    for (int j = 0; j < 16; ++j) {
-        const __m256 q = _mm256_cvtepi32_ps(turboq_bytes8(b->qs + 8*j));
-        _mm256_storeu_ps(out + 8*j, _mm256_fmsub_ps(q, step, one));
-    }
-    return GGML_CPU_FP16_TO_FP32(b->norm);
-}
-
-static inline float turboq_dot128(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-    for (int i = 0; i < TURBOQ_GROUP; i += 32) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i +  0), _mm256_loadu_ps(b + i +  0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i +  8), _mm256_loadu_ps(b + i +  8), acc1);
-        acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
-        acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
-    }
-    const __m256 acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline void turboq_mad128(float * GGML_RESTRICT acc, const float * GGML_RESTRICT x, float w) {
-    const __m256 vw = _mm256_set1_ps(w);
-    for (int i = 0; i < TURBOQ_GROUP; i += 8) {
-        _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), vw, _mm256_loadu_ps(acc + i)));
-    }
-}
-#else
-#define TURBOQ_SCALAR_DECODE(N) \
+// turboqN_decode: a block's centroid values in the rotated domain (unscaled); returns its norm
+#ifndef TURBOQ_ARCH_DECODE
+#define TURBOQ_GENERIC_DECODE(N) \
     static float turboq##N##_decode(const void * vb, float * GGML_RESTRICT out) { \
         return ggml_turboq_decode_rotated(GGML_TYPE_TURBOQ##N##_0, vb, out); \
     }
-TURBOQ_SCALAR_DECODE(2)
-TURBOQ_SCALAR_DECODE(3)
-TURBOQ_SCALAR_DECODE(4)
-TURBOQ_SCALAR_DECODE(8)
+TURBOQ_GENERIC_DECODE(2)
+TURBOQ_GENERIC_DECODE(3)
+TURBOQ_GENERIC_DECODE(4)
+TURBOQ_GENERIC_DECODE(8)
+#endif
 
+// a[0..128) . b[0..128), eight partial sums
+#ifndef TURBOQ_ARCH_DOT128
 static inline float turboq_dot128(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b) {
     float s[8] = {0};
     for (int i = 0; i < TURBOQ_GROUP; i += 8) {
@@ -128,9 +45,19 @@ static inline float turboq_dot128(const float * GGML_RESTRICT a, const float * G
     }
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
+#endif
 
+// acc[0..128) += w * x[0..128)
+#ifndef TURBOQ_ARCH_MAD128
 static inline void turboq_mad128(float * GGML_RESTRICT acc, const float * GGML_RESTRICT x, float w) {
     for (int i = 0; i < TURBOQ_GROUP; ++i) acc[i] += x[i]*w;
+}
+#endif
+
+// x[0..128) *= w
+#ifndef TURBOQ_ARCH_SCALE128
+static inline void turboq_scale128(float * GGML_RESTRICT x, float w) {
+    for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] *= w;
 }
 #endif
 
@@ -187,81 +114,12 @@ TURBOQ_DEFINE_FA_KERNELS(8)
         const block_turboq##N##_0 * x = (const block_turboq##N##_0 *) vx;                                       \
         for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib) {                                                     \
             float * GGML_RESTRICT out = y + ib*TURBOQ_GROUP;                                                    \
-            const float norm = turboq##N##_decode(x + ib, out);                                                 \
-            for (int i = 0; i < TURBOQ_GROUP; ++i) {                                                            \
-                out[i] *= norm;                                                                                 \
-            }                                                                                                   \
+            turboq_scale128(out, turboq##N##_decode(x + ib, out));                                              \
         }                                                                                                       \
     }
 
-#if defined(__AVX512F__) && defined(TURBOQ_AVX2)
-// 16 lanes, and the block norm folded into the table: one permute per 16 values
-static inline __m512i turboq_bytes16(const uint8_t * p) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *) p));
-}
-
-// The tables are repeated to 16 entries, so that permutexvar (which reads the low 4 bits of each
-// index) ignores the bits above an index; that saves the masking of the shifted bytes.
-static void turboq2_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
-    const block_turboq2_0 * x = (const block_turboq2_0 *) vx;
-    const __m512 lut4 = _mm512_broadcast_f32x4(_mm_loadu_ps(turboq2_centroids));
-    for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib, y += TURBOQ_GROUP) {
-        const __m512 lut = _mm512_mul_ps(lut4, _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
-        const __m512i q[2] = { turboq_bytes16(x[ib].qs), turboq_bytes16(x[ib].qs + 16) };
-        // value 16m + i: qs[16(m%2) + i] >> 2(m/2)
-        for (int m = 0; m < 8; ++m) {
-            _mm512_storeu_ps(y + 16*m, _mm512_permutexvar_ps(_mm512_srli_epi32(q[m & 1], 2*(m/2)), lut));
-        }
-    }
-}
-
-static void turboq3_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
-    const block_turboq3_0 * x = (const block_turboq3_0 *) vx;
-    const __m512  lut8  = _mm512_zextps256_ps512(_mm256_loadu_ps(turboq3_centroids));
-    const __m512  lut16 = _mm512_shuffle_f32x4(lut8, lut8, 0x44);
-    const __m512i low2  = _mm512_set1_epi32(3);
-    for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib, y += TURBOQ_GROUP) {
-        const __m512 lut = _mm512_mul_ps(lut16, _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
-        const __m512i q[2] = { turboq_bytes16(x[ib].qs), turboq_bytes16(x[ib].qs + 16) };
-        const __m512i h = turboq_bytes16(x[ib].qh);
-        // value 16m + i: low bits at qs[16(m%2) + i] >> 2(m/2), high bit at qh[i] bit m, moved to
-        // bit 2; the select (0xCA: low2 ? lo : hi) takes bits 0-1 from lo and the rest from hi
-        for (int m = 0; m < 8; ++m) {
-            const __m512i lo = _mm512_srli_epi32(q[m & 1], 2*(m/2));
-            const __m512i hi = m >= 2 ? _mm512_srli_epi32(h, m - 2) : _mm512_slli_epi32(h, 2 - m);
-            const __m512i idx = _mm512_ternarylogic_epi32(low2, lo, hi, 0xCA);
-            _mm512_storeu_ps(y + 16*m, _mm512_permutexvar_ps(idx, lut));
-        }
-    }
-}
-
-static void turboq4_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
-    const block_turboq4_0 * x = (const block_turboq4_0 *) vx;
-    for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib, y += TURBOQ_GROUP) {
-        const __m512 lut = _mm512_mul_ps(_mm512_loadu_ps(turboq4_centroids), _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
-        // byte i holds value i (low nibble) and value i + 64 (high nibble)
-        for (int m = 0; m < 4; ++m) {
-            const __m512i q = turboq_bytes16(x[ib].qs + 16*m);
-            _mm512_storeu_ps(y + 16*m,      _mm512_permutexvar_ps(q, lut));  // reads bits 0-3 only
-            _mm512_storeu_ps(y + 16*m + 64, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut));
-        }
-    }
-}
-
-static void turboq8_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
-    const block_turboq8_0 * x = (const block_turboq8_0 *) vx;
-    for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib, y += TURBOQ_GROUP) {
-        // norm * (q/127.5 - 1)
-        const float norm = GGML_CPU_FP16_TO_FP32(x[ib].norm);
-        const __m512 step = _mm512_set1_ps(norm/127.5f);
-        const __m512 off  = _mm512_set1_ps(norm);
-        for (int m = 0; m < 8; ++m) {
-            const __m512 q = _mm512_cvtepi32_ps(turboq_bytes16(x[ib].qs + 16*m));
-            _mm512_storeu_ps(y + 16*m, _mm512_fmsub_ps(q, step, off));
-        }
-    }
-}
-#else
+// a whole row, block norms applied
+#ifndef TURBOQ_ARCH_DECODE_ROW
 TURBOQ_DEFINE_DECODE_ROW(2)
 TURBOQ_DEFINE_DECODE_ROW(3)
 TURBOQ_DEFINE_DECODE_ROW(4)

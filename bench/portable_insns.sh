@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Guest instructions that the turboq CPU paths execute on AArch64, NEON build against the generic
+# kernels (-DGGML_TURBOQ_GENERIC), counted by qemu-aarch64 (-singlestep -d exec: one log line per
+# executed instruction). Wall time under qemu says little about NEON on real hardware (qemu runs
+# vector ops through helpers); executed instructions are a steadier proxy, still not a speed.
+# Per 128-value row: SET_ROWS + GET_ROWS of the row, plus one-row-query flash attention over it
+# (4 heads on one KV head), from the difference between 64 and 192 rows (startup cancels out).
+# Usage: bash bench/portable_insns.sh NEON_BUILD_DIR GENERIC_BUILD_DIR   (each with bin/turboq-check)
+set -euo pipefail
+neon=$1 generic=$2
+count() {  # build tiled(1/0) type rows
+    TURBOQ_FA_TILED=$2 qemu-aarch64 -singlestep -d exec,nochain -D /dev/stderr "$1/bin/turboq-check" speed "$3" "$4" 1 \
+        2>&1 >/dev/null | grep -c Trace
+}
+echo "| type | FA path | NEON insns/row | generic insns/row | generic/NEON |"
+echo "|---|---|---|---|---|"
+for t in 60:turboq2 61:turboq3 62:turboq4 63:turboq8; do
+    for tiled in 1 0; do
+        n=$(( ($(count "$neon" $tiled ${t%%:*} 192) - $(count "$neon" $tiled ${t%%:*} 64)) / 128 ))
+        g=$(( ($(count "$generic" $tiled ${t%%:*} 192) - $(count "$generic" $tiled ${t%%:*} 64)) / 128 ))
+        path=$([ $tiled = 1 ] && echo tiled || echo one-row)
+        echo "| ${t#*:} | $path | $n | $g | $(python3 -c "print(f'{$g/$n:.2f}')") |"
+    done
+done

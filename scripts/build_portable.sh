@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The portable-kernel builds that tests/test_portable_kernels.py runs: the patched ggml and
+# tests/portable/turboq_check.c, (1) cross-compiled for AArch64 (NEON) and run under qemu-aarch64,
+# (2) for x86 with AVX2 and FMA off (the generic kernels). Needs the tree that scripts/setup.sh
+# prepared. Installs Debian's cross toolchain and qemu-user when missing (as root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu)
+command -v aarch64-linux-gnu-g++ >/dev/null || need+=(g++-aarch64-linux-gnu)
+command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    else
+        echo "build_portable: please install: ${need[*]}" >&2
+        exit 1
+    fi
+fi
+
+MAIN_BUILD=${PYTURBO_BUILD_DIR:-build}
+upstream=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["upstream_src"])' "$MAIN_BUILD/pyturbo-build.json")
+launcher=()
+if command -v ccache >/dev/null; then
+    launcher=(-DCMAKE_C_COMPILER_LAUNCHER="env;CCACHE_BASEDIR=$PWD;CCACHE_NOHASHDIR=1;ccache"
+              -DCMAKE_CXX_COMPILER_LAUNCHER="env;CCACHE_BASEDIR=$PWD;CCACHE_NOHASHDIR=1;ccache")
+fi
+
+# AArch64, the compiler's baseline (armv8-a: NEON, no dotprod or fp16 arithmetic)
+cmake -S tests/portable -B build-aarch64 -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_SRC="$upstream" \
+    -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 \
+    -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ \
+    -DGGML_NATIVE=OFF "${launcher[@]}" >/dev/null
+cmake --build build-aarch64 -j"$(nproc)" --target turboq-check
+
+# x86 without AVX2/FMA (SSE4.2 stays): every turboq kernel takes its generic version
+cmake -S tests/portable -B build-scalar -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_SRC="$upstream" \
+    -DGGML_NATIVE=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_AVX512=OFF \
+    -DGGML_AVX_VNNI=OFF -DGGML_BMI2=OFF "${launcher[@]}" >/dev/null
+cmake --build build-scalar -j"$(nproc)" --target turboq-check

@@ -1,0 +1,179 @@
+"""The turboq CPU paths on other instruction sets: AArch64 NEON under qemu-user, and x86 with AVX2
+and FMA off (the generic kernels).
+
+scripts/build_portable.sh builds tests/portable/turboq_check.c against the patched ggml twice:
+build-aarch64/ (cross-compiled, run with qemu-aarch64) and build-scalar/. Inputs are generated
+here, written to files, and the harness's results are compared with pyturbo.reference:
+- the codec (SET_ROWS into the cache, GET_ROWS back) bit for bit, over a few hundred 128-groups
+  that include zeros, NaN/Inf rows, huge and subnormal values;
+- flash attention within the x86 tests' tolerance (1e-4 of the output scale, as in
+  test_flash_attn_tiled.py) against float64 attention over the reference-decoded cache, on
+  the tiled path and on the one-row path (TURBOQ_FA_TILED=0, and ggml's use_ref).
+
+Without the builds the tests skip, except under CI=true or PYTURBO_REQUIRE_PORTABLE=1.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyturbo import codec, reference
+from pyturbo.types import cache_type
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIRED = os.environ.get("CI") == "true" or os.environ.get("PYTURBO_REQUIRE_PORTABLE") == "1"
+TOL = 1e-4
+TURBOQ = ["turboq2", "turboq3", "turboq4", "turboq8"]
+
+
+def _runner(name: str) -> list[str]:
+    exe = ROOT / f"build-{name}" / "bin" / "turboq-check"
+    prefix = ["qemu-aarch64"] if name == "aarch64" else []
+    missing = [] if exe.exists() else [str(exe)]
+    if prefix and shutil.which(prefix[0]) is None:
+        missing.append(prefix[0])
+    if missing:
+        msg = f"missing {', '.join(missing)}: run `bash scripts/build_portable.sh`"
+        if REQUIRED:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return [*prefix, str(exe)]
+
+
+@pytest.fixture(params=["aarch64", "scalar"])
+def harness(request):
+    return request.param, _runner(request.param)
+
+
+def run(cmd: list[str], *args, env: dict[str, str] | None = None) -> None:
+    r = subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, f"{' '.join(cmd)} {args[0]} exited {r.returncode}: {r.stderr[-2000:]}"
+
+
+def codec_inputs(seed: int) -> np.ndarray:
+    """96 rows of 256 values (192 groups): scales over 1e-6..1e4, a zero row, NaN and Inf rows,
+    huge and subnormal rows, a single spike, and a constant row."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((96, 256)) * np.exp(rng.uniform(np.log(1e-6), np.log(1e4), (96, 1)))
+    x[1] = 0.0
+    x[2, 7] = np.nan
+    x[3, 200] = np.inf
+    x[4] *= 1e30
+    x[5] = rng.standard_normal(256) * 1e-40   # subnormal in f32
+    x[6] = 0.0
+    x[6, 129] = 3.0
+    x[7] = -2.5
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("type_name", TURBOQ)
+def test_codec_bit_exact_with_reference(harness, type_name, tmp_path):
+    name, cmd = harness
+    t = cache_type(type_name)
+    x = codec_inputs(sum(map(ord, type_name)))
+    x.tofile(tmp_path / "in.f32")
+    run(cmd, "codec", t.ggml_id, x.shape[1], x.shape[0], tmp_path / "in.f32", tmp_path / "out.bin")
+    raw = np.fromfile(tmp_path / "out.bin", dtype=np.uint8)
+    n_blocks = x.size // t.block_size * t.block_bytes
+    assert raw.size == n_blocks + x.size * 4
+    blocks, back = raw[:n_blocks], raw[n_blocks:].view(np.float32)
+
+    want = reference.quantize(x.reshape(-1), type_name)
+    bad = np.flatnonzero((blocks != want).reshape(-1, t.block_bytes).any(axis=1))
+    assert bad.size == 0, f"{name}: {bad.size} of {want.size // t.block_bytes} blocks differ, first group {bad[0]}"
+    want_back = reference.dequantize(want, type_name).astype(np.float32)
+    assert np.array_equal(back.view(np.uint32), want_back.view(np.uint32)), f"{name}: GET_ROWS differs"
+    rows = back.reshape(x.shape)
+    assert not rows[2, :128].any() and not rows[3, 128:].any(), "a group with a NaN or Inf must decode to zeros"
+    assert rows[2, 128:].any() and rows[3, :128].any()
+
+
+def decoded(x: np.ndarray, type_name: str) -> np.ndarray:
+    """The cache as ggml holds it: the reference codec for turboq, f16 rounding, else the x86 build."""
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if type_name in TURBOQ:
+        out = reference.dequantize(reference.quantize(flat, type_name), type_name)
+    elif type_name == "f16":
+        out = flat.astype(np.float16)
+    else:
+        out = codec.dequantize(codec.quantize(flat, type_name), type_name)
+    return np.asarray(out, dtype=np.float32).reshape(x.shape)
+
+
+def causal_mask(n_q: int, n_kv: int, hidden_prefix: int, hidden_row: int | None) -> np.ndarray:
+    m = np.zeros((n_q, n_kv), dtype=np.float32)
+    for i in range(n_q):
+        m[i, n_kv - n_q + i + 1:] = -np.inf
+    m[:, :hidden_prefix] = -np.inf
+    if hidden_row is not None:
+        m[hidden_row] = -np.inf
+    return m
+
+
+# (type_k, type_v, d, n_head, n_head_kv, n_q, n_kv, threads, path, softcap)
+# path: tiled (the default), onerow (TURBOQ_FA_TILED=0: the turboq dot/mad kernels), ref (use_ref)
+FA_CASES = [
+    ("turboq3", "turboq3", 128, 4, 1, 1, 300, 2, "tiled", 0.0),
+    ("turboq4", "turboq2", 256, 4, 1, 8, 300, 1, "tiled", 0.0),
+    ("turboq8", "turboq8", 128, 4, 1, 65, 300, 2, "tiled", 0.0),
+    ("q8_0", "turboq4", 128, 8, 2, 35, 200, 1, "tiled", 5.0),
+    ("f16", "turboq3", 256, 4, 1, 1, 300, 1, "tiled", 0.0),
+    ("turboq3", "turboq3", 128, 8, 2, 8, 300, 2, "onerow", 5.0),
+    ("turboq2", "turboq4", 256, 4, 1, 1, 300, 1, "onerow", 0.0),
+    ("turboq8", "turboq3", 128, 4, 1, 8, 200, 1, "ref", 0.0),
+]
+
+
+@pytest.mark.parametrize("case", FA_CASES, ids=[f"{c[0]}-{c[1]}-d{c[2]}-q{c[5]}-{c[8]}" for c in FA_CASES])
+def test_flash_attention_matches_numpy(harness, case, tmp_path):
+    name, cmd = harness
+    type_k, type_v, d, n_head, n_head_kv, n_q, n_kv, threads, path, softcap = case
+    rng = np.random.default_rng(n_q * 31 + d + n_kv)
+    q = rng.standard_normal((n_head, n_q, d)).astype(np.float32)
+    if softcap:
+        q *= 4.0  # large logits, so that the cap matters
+    k = (rng.standard_normal((n_head_kv, n_kv, d)) * 0.5).astype(np.float32)
+    v = rng.standard_normal((n_head_kv, n_kv, d)).astype(np.float32)
+    mask = causal_mask(n_q, n_kv, hidden_prefix=64, hidden_row=3 if n_q > 3 else None).astype(np.float16)
+    for arr, f in ((q, "q.f32"), (k, "k.f32"), (v, "v.f32"), (mask, "mask.f16")):
+        arr.tofile(tmp_path / f)
+    env = {"TURBOQ_FA_TILED": "0"} if path == "onerow" else {}
+    run(cmd, "fa", cache_type(type_k).ggml_id, cache_type(type_v).ggml_id, d, d, n_head, n_head_kv, n_q, n_kv,
+        threads, int(path == "ref"), softcap, *(tmp_path / f for f in ("q.f32", "k.f32", "v.f32", "mask.f16", "out.bin")),
+        env=env)
+
+    raw = np.fromfile(tmp_path / "out.bin", dtype=np.uint8)
+    nk = k.size // cache_type(type_k).block_size * cache_type(type_k).block_bytes
+    nv = v.size // cache_type(type_v).block_size * cache_type(type_v).block_bytes
+    assert raw.size == nk + nv + n_q * n_head * d * 4
+    for blocks, arr, t in ((raw[:nk], k, type_k), (raw[nk:nk + nv], v, type_v)):
+        if t in TURBOQ:
+            assert np.array_equal(blocks, reference.quantize(arr.reshape(-1), t)), f"{name}: the {t} cache differs"
+    out = raw[nk + nv:].view(np.float32).reshape(n_q, n_head, d).transpose(1, 0, 2)
+
+    want = reference.attention(q, decoded(k, type_k), decoded(v, type_v), 1.0 / np.sqrt(d), mask, softcap)
+    bound = TOL * max(1.0, float(np.abs(want).max()))
+    err = float(np.abs(out - want).max())
+    assert err < bound, f"{name} {path}: max abs err {err:.3g} > {bound:.3g}"
+    if softcap:
+        uncapped = reference.attention(q, decoded(k, type_k), decoded(v, type_v), 1.0 / np.sqrt(d), mask)
+        assert np.abs(uncapped - want).max() > 100 * bound, "the case must be sensitive to the soft cap"
+    if n_q > 3:
+        assert not out[:, 3].any(), "a fully masked query row must come out as zeros"
+
+
+def test_harness_refuses_bad_input(harness, tmp_path):
+    _, cmd = harness
+    r = subprocess.run([*cmd, "codec", "999", "128", "1", tmp_path / "none", tmp_path / "out"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "not a ggml type id" in r.stderr
+    np.zeros(100, dtype=np.float32).tofile(tmp_path / "short.f32")
+    r = subprocess.run([*cmd, "codec", str(cache_type("turboq3").ggml_id), "128", "1", tmp_path / "short.f32",
+                        tmp_path / "out"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "wrong size" in r.stderr
