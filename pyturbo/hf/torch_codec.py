@@ -1,0 +1,249 @@
+"""The KV-cache codecs in torch: turboq2/3/4/8 bit for bit equal to pyturbo.reference and the C
+codec, q8_0 equal to ggml's reference quantizer, and the plain float types.
+
+Rows are [..., n] float tensors; a row's bytes are [..., n // block_size * block_bytes] uint8, the
+blocks of the row in order, exactly as one llama.cpp cache row holds them. Every float operation
+of the turboq path is float32 and in the C order (pyturbo/reference.py documents it): fixed
+halving-tree sums, Walsh-Hadamard butterflies h = 1..64, no fused multiply-add (torch's eager
+elementwise ops on the CPU never fuse).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from ..codebook import D, SIGN_SEED, codebooks, splitmix64, thresholds
+from ..types import CacheType, cache_type
+
+FLOAT_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+SUPPORTED = ("f32", "f16", "bf16", "q8_0", "turboq2", "turboq3", "turboq4", "turboq8")
+QK8_0 = 32
+INV_SQRT_D = float(torch.tensor(1.0 / D ** 0.5, dtype=torch.float32))
+FP16_MAX = 65504.0
+
+
+def check_type(name: str | CacheType) -> CacheType:
+    """The cache type by name; ValueError for a name llama.cpp does not know or this codec does not do."""
+    t = cache_type(name)
+    if t.name not in SUPPORTED:
+        raise ValueError(f"KV cache type {t.name!r} is not supported by pyturbo.hf; supported: {', '.join(SUPPORTED)}")
+    return t
+
+
+def row_bytes(name: str | CacheType, n: int) -> int:
+    """Bytes of one row of n values; ValueError when n is not a whole number of blocks."""
+    t = check_type(name)
+    if n % t.block_size:
+        raise ValueError(f"{t.name} stores rows of a multiple of {t.block_size} values, got {n}")
+    return n // t.block_size * t.block_bytes
+
+
+_sign_seed = SIGN_SEED
+
+
+@contextlib.contextmanager
+def rotation_seed(seed: int) -> Iterator[None]:
+    """Encode and decode with the signs of another splitmix64 seed (codebook.rotation_signs'
+    rule), for measuring how much a result moves with the rotation draw. Blocks written under
+    another seed are not the C codec's."""
+    global _sign_seed
+    old, _sign_seed = _sign_seed, seed
+    try:
+        yield
+    finally:
+        _sign_seed = old
+
+
+def _tables(name: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    return _tables_for(name, _sign_seed)
+
+
+@lru_cache(maxsize=None)
+def _signs(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    bits = np.array([v & 1 for v in splitmix64(seed, 2 * D)])
+    signs = torch.from_numpy(np.where(bits == 1, -1.0, 1.0).astype(np.float32))
+    return signs[:D].clone(), signs[D:].clone()
+
+
+@lru_cache(maxsize=None)
+def _tables_for(name: str, seed: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    s1, s2 = _signs(seed)
+    thr = thresholds().get(name)
+    return (torch.from_numpy(codebooks()[name].copy()), None if thr is None else torch.from_numpy(thr.copy()), s1, s2)
+
+
+def tree_sum(v: torch.Tensor) -> torch.Tensor:
+    while v.shape[-1] > 1:
+        h = v.shape[-1] // 2
+        v = v[..., :h] + v[..., h:]
+    return v[..., 0]
+
+
+def fwht(v: torch.Tensor) -> torch.Tensor:
+    """Unnormalised Walsh-Hadamard transform over the last axis (128), butterflies h = 1, 2, ..., 64."""
+    lead = v.shape[:-1]
+    h = 1
+    while h < D:
+        x = v.reshape(*lead, D // (2 * h), 2, h)
+        a, b = x[..., 0, :], x[..., 1, :]
+        v = torch.stack((a + b, a - b), dim=-2).reshape(*lead, D)
+        h *= 2
+    return v
+
+
+def turboq_encode_groups(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp16 norms [n], uint8 indices [n, 128]) of float32 groups [n, 128]."""
+    cb, thr, s1, s2 = _tables(name)
+    x = x.to(torch.float32).reshape(-1, D)
+    n = x.shape[0]
+    finite = torch.isfinite(x).all(dim=-1)
+    amax = torch.where(finite[:, None], x, torch.zeros((), dtype=torch.float32)).abs().amax(dim=-1)
+    ok = finite & (amax > 0)
+    norms = torch.zeros(n, dtype=torch.float16)
+    idx = torch.zeros((n, D), dtype=torch.uint8)
+    if not bool(ok.any()):
+        return norms, idx
+    all_ok = bool(ok.all())
+    xs, am = (x, amax[:, None]) if all_ok else (x[ok], amax[ok][:, None])
+    u = xs / am
+    r = torch.sqrt(tree_sum(u * u))[:, None]
+    v = u / r
+    y = (fwht(v * s1) * INV_SQRT_D) * s2
+    if name == "turboq8":
+        a = y.abs().amax(dim=-1, keepdim=True)
+        # a true division: `127.5 / a` would be torch's reciprocal-then-multiply, one rounding more than C
+        t = torch.div(torch.full_like(a, 127.5), a)
+        q = torch.floor(y * t + 128.0).clamp_(0, 255).to(torch.int64)
+    else:
+        q = torch.searchsorted(thr, y.contiguous(), right=False)
+    c = cb[q]
+    cn = torch.sqrt(tree_sum(c * c))[:, None]
+    corrected = torch.clamp_max((am * r) / cn, FP16_MAX)[:, 0].to(torch.float16)
+    if all_ok:
+        return corrected, q.to(torch.uint8)
+    norms[ok] = corrected
+    idx[ok] = q.to(torch.uint8)
+    return norms, idx
+
+
+def turboq_pack(name: str, norms: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    n = idx.shape[0]
+    head = norms.to(torch.float16).contiguous().view(torch.uint8).reshape(n, 2)
+    if name in ("turboq2", "turboq3"):
+        lo = idx & 3
+        qs = lo[:, 0:32] | (lo[:, 32:64] << 2) | (lo[:, 64:96] << 4) | (lo[:, 96:128] << 6)
+        parts = [head, qs]
+        if name == "turboq3":
+            hi = ((idx >> 2) & 1).reshape(n, 8, 16)
+            qh = torch.zeros((n, 16), dtype=torch.uint8)
+            for k in range(8):
+                qh |= hi[:, k] << k
+            parts.append(qh)
+    elif name == "turboq4":
+        parts = [head, torch.zeros((n, 2), dtype=torch.uint8), idx[:, :64] | (idx[:, 64:] << 4)]
+    else:
+        parts = [head, idx]
+    return torch.cat(parts, dim=1)
+
+
+def turboq_unpack(name: str, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    b = blocks.reshape(-1, cache_type(name).block_bytes)
+    norms = b[:, 0:2].contiguous().view(torch.float16)[:, 0]
+    if name in ("turboq2", "turboq3"):
+        qs = b[:, 2:34]
+        idx = torch.cat([(qs >> s) & 3 for s in (0, 2, 4, 6)], dim=1)
+        if name == "turboq3":
+            qh = b[:, 34:50]
+            idx = idx | (torch.cat([(qh >> k) & 1 for k in range(8)], dim=1) << 2)
+    elif name == "turboq4":
+        qs = b[:, 4:68]
+        idx = torch.cat([qs & 15, qs >> 4], dim=1)
+    else:
+        idx = b[:, 2:130]
+    return norms, idx
+
+
+def _inverse_rotation() -> torch.Tensor:
+    return _inverse_rotation_for(_sign_seed)
+
+
+@lru_cache(maxsize=None)
+def _inverse_rotation_for(seed: int) -> torch.Tensor:
+    """The decoding rotation as a matrix: x = y @ M, M = D2 . H . D1 / sqrt(128)."""
+    s1, s2 = _signs(seed)
+    h = fwht(torch.eye(D, dtype=torch.float32))
+    return (s2[:, None] * h * s1[None, :]) * INV_SQRT_D
+
+
+def turboq_decode_blocks(name: str, blocks: torch.Tensor, exact: bool = True) -> torch.Tensor:
+    """float32 groups [n, 128] in the original domain.
+
+    exact: the C's butterflies, bit for bit. Otherwise one [n,128] x [128,128] matmul, about 6x
+    faster on the CPU and within a few float32 ulps (another summation order), which is what
+    a cache read needs.
+    """
+    cb, _, s1, s2 = _tables(name)
+    norms, idx = turboq_unpack(name, blocks)
+    y = cb[idx.to(torch.int64)]
+    if not exact:
+        return (y * norms.to(torch.float32)[:, None]) @ _inverse_rotation()
+    k = norms.to(torch.float32)[:, None] * INV_SQRT_D
+    return (fwht(y * s2) * k) * s1
+
+
+def _round_half_away(v: torch.Tensor) -> torch.Tensor:
+    """C's roundf (ties away from zero); torch.round rounds ties to even."""
+    r = torch.trunc(v)
+    return r + torch.where((v - r).abs() >= 0.5, torch.sign(v), torch.zeros((), dtype=v.dtype))
+
+
+def q8_0_encode(x: torch.Tensor) -> torch.Tensor:
+    """ggml's quantize_row_q8_0_ref: blocks of 32, fp16 d = amax/127, qs = roundf(x/d) as int8."""
+    g = x.to(torch.float32).reshape(-1, QK8_0)
+    d = g.abs().amax(dim=-1, keepdim=True) / 127.0
+    inv = torch.where(d != 0, torch.div(torch.ones_like(d), d), torch.zeros((), dtype=torch.float32))
+    qs = _round_half_away(g * inv).to(torch.int8).view(torch.uint8)
+    return torch.cat([d.to(torch.float16).view(torch.uint8).reshape(-1, 2), qs], dim=1)
+
+
+def q8_0_decode(blocks: torch.Tensor) -> torch.Tensor:
+    b = blocks.reshape(-1, 34)
+    d = b[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
+    return b[:, 2:].contiguous().view(torch.int8).to(torch.float32) * d
+
+
+def encode(x: torch.Tensor, name: str | CacheType) -> torch.Tensor:
+    """Rows [..., n] -> the bytes llama.cpp's cache holds for them, [..., row_bytes] uint8.
+
+    The float types are kept as tensors of their own dtype ([..., n]), not bytes.
+    """
+    t = check_type(name)
+    if t.name in FLOAT_TYPES:
+        return x.to(FLOAT_TYPES[t.name])
+    lead, n = x.shape[:-1], x.shape[-1]
+    nb = row_bytes(t, n)
+    flat = x.detach().to("cpu", torch.float32).reshape(-1, t.block_size)
+    if t.name == "q8_0":
+        out = q8_0_encode(flat)
+    else:
+        out = turboq_pack(t.name, *turboq_encode_groups(t.name, flat))
+    return out.reshape(*lead, nb).to(x.device)
+
+
+def decode(stored: torch.Tensor, name: str | CacheType, n: int, dtype: torch.dtype = torch.float32,
+           exact: bool = True) -> torch.Tensor:
+    """The inverse of encode: [..., row_bytes] uint8 (or a float tensor) -> [..., n] of dtype.
+    exact=False: the fast turboq rotation (turboq_decode_blocks)."""
+    t = check_type(name)
+    if t.name in FLOAT_TYPES:
+        return stored.to(dtype)
+    lead = stored.shape[:-1]
+    if stored.shape[-1] != row_bytes(t, n):
+        raise ValueError(f"{t.name} rows of {n} values are {row_bytes(t, n)} bytes, got {stored.shape[-1]}")
+    flat = stored.reshape(-1, t.block_bytes).cpu()
+    out = q8_0_decode(flat) if t.name == "q8_0" else turboq_decode_blocks(t.name, flat, exact)
+    return out.reshape(*lead, n).to(device=stored.device, dtype=dtype)

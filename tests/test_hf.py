@@ -1,0 +1,252 @@
+"""pyturbo.hf: the transformers TurboQuantCache against the NumPy reference, the C codec and llama.cpp.
+
+torch and transformers come with the [hf] extra (requirements.txt installs them). Without them
+these tests skip, except under CI (CI=true), where a missing extra is a failure.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from pyturbo import codec, data, layer_adaptive, reference
+from pyturbo.types import TURBOQ_TYPES, cache_type
+
+from test_codec import special_groups  # tests/ is on sys.path (pytest prepend mode)
+
+if os.environ.get("CI") == "true":
+    import torch
+    import transformers  # noqa: F401
+else:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+
+from pyturbo.hf import TurboQuantCache, TurboQuantLayer, k_gains_from_gguf, layer_cache_types, load  # noqa: E402
+from pyturbo.hf import torch_codec as tc  # noqa: E402
+from pyturbo.hf.cache import dynamic_cache_nbytes  # noqa: E402
+from pyturbo.hf.perplexity import hf_perplexity, make_cache  # noqa: E402
+
+D = 128
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # the suite shares 2 cores with llama.cpp tools that some tests start
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def groups(rng) -> np.ndarray:
+    return np.concatenate(list(special_groups(rng).values()))
+
+
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES)
+def test_torch_blocks_equal_reference_and_c_bit_for_bit(lib, rng, type_name):
+    x = groups(rng)
+    blocks = tc.encode(torch.from_numpy(x), type_name).numpy()
+    assert blocks.shape == (x.shape[0], cache_type(type_name).block_bytes)
+    np.testing.assert_array_equal(blocks.ravel(), reference.quantize(x, type_name))
+    np.testing.assert_array_equal(blocks.ravel(), codec.quantize(x, type_name))
+    # rows of several blocks: [tokens, 3 blocks] is the same bytes as the 3*tokens groups
+    rows = (rng.standard_normal((7, 3 * D)) * 4).astype(np.float32)
+    np.testing.assert_array_equal(tc.encode(torch.from_numpy(rows), type_name).numpy().ravel(),
+                                  codec.quantize(rows, type_name))
+
+
+def test_q8_0_equals_ggml_reference_quantizer(lib, rng):
+    x = np.concatenate([g for k, g in special_groups(rng).items() if k != "nan_inf"])  # C's MAX() drops NaNs by position
+    np.testing.assert_array_equal(tc.encode(torch.from_numpy(x), "q8_0").numpy().ravel(), codec.quantize(x, "q8_0"))
+    blocks = codec.quantize(x, "q8_0")
+    np.testing.assert_array_equal(tc.decode(torch.from_numpy(blocks.reshape(x.shape[0], -1)), "q8_0", D).numpy().ravel(),
+                                  codec.dequantize(blocks, "q8_0"))
+
+
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES)
+def test_decode_matches_reference(lib, rng, type_name):
+    x = groups(rng)
+    blocks = codec.quantize(x, type_name)
+    b = torch.from_numpy(blocks.reshape(x.shape[0], -1))
+    exact = tc.decode(b, type_name, D).numpy().ravel()
+    ref = reference.dequantize(blocks, type_name)
+    np.testing.assert_array_equal(exact.view(np.uint32), ref.view(np.uint32))
+    np.testing.assert_array_equal(exact.view(np.uint32), codec.dequantize(blocks, type_name).view(np.uint32))
+    # the cache's fast read (a matmul) differs only in summation order
+    fast = tc.decode(b, type_name, D, exact=False).numpy().reshape(-1, D)
+    scale = np.abs(ref.reshape(-1, D)).max(axis=1, keepdims=True) + 1e-30
+    assert np.all(np.abs(fast - ref.reshape(-1, D)) <= 1e-5 * scale)
+
+
+@pytest.mark.parametrize("k_center", [False, True])
+def test_head_dim_64_rows_group_all_kv_heads(rng, k_center):
+    """SmolLM2's geometry: 3 KV heads of 64 -> rows of 192 values, padded to 256 (2 blocks)."""
+    b, h, t, d = 2, 3, 5, 64
+    k = torch.from_numpy((rng.standard_normal((b, h, t, d)) * 3 + 1).astype(np.float32))
+    v = torch.from_numpy(rng.standard_normal((b, h, t, d)).astype(np.float32))
+    layer = TurboQuantLayer("turboq3", "turboq4", k_center=k_center)
+    k_out, v_out = layer.update(k, v)
+    assert k_out.shape == k.shape and v_out.shape == v.shape
+    assert layer.keys.shape == (b, t, 2 * 50) and layer.values.shape == (b, t, 2 * 68)
+    rows_k = k.transpose(1, 2).reshape(b, t, h * d).numpy()
+    mu = rows_k.sum(axis=1, keepdims=True) * np.float32(1.0 / t) if k_center else np.zeros((b, 1, h * d), np.float32)
+    padded = np.zeros((b, t, 256), np.float32)
+    padded[..., :192] = rows_k - mu
+    np.testing.assert_array_equal(layer.keys.numpy().ravel(), reference.quantize(padded, "turboq3"))
+    back = reference.dequantize(layer.keys.numpy().ravel(), "turboq3").reshape(b, t, 256)[..., :192] + mu
+    np.testing.assert_allclose(k_out.transpose(1, 2).reshape(b, t, h * d).numpy(), back, rtol=0, atol=1e-5)
+    # the zero padding stays zero through the rotation round trip, up to the codebook's error
+    assert np.abs(reference.dequantize(layer.keys.numpy().ravel(), "turboq3").reshape(b, t, 256)[..., 192:]).max() < \
+        np.abs(padded).max()
+    # a second update appends rows and returns all tokens
+    k2, v2 = layer.update(k[:, :, :1], v[:, :, :1])
+    assert k2.shape == (b, h, t + 1, d) and layer.get_seq_length() == t + 1
+    rel = float(((k2 - torch.cat([k, k[:, :, :1]], dim=2)).norm() / k.norm()))
+    assert rel < 0.25
+
+
+def test_bad_input_is_a_clear_error(rng):
+    with pytest.raises(ValueError, match="unknown KV cache type 'turboq5'"):
+        TurboQuantLayer("turboq5", "turboq3")
+    with pytest.raises(ValueError, match="not supported by pyturbo.hf"):
+        TurboQuantLayer("q4_0", "turboq3")
+    layer = TurboQuantLayer("turboq3", "turboq3")
+    with pytest.raises(ValueError, match=r"\[batch, kv_heads, tokens, head_dim\]"):
+        layer.update(torch.zeros(1, 4, 64), torch.zeros(1, 4, 64))
+    layer.update(torch.randn(1, 2, 3, 64), torch.randn(1, 2, 3, 64))
+    with pytest.raises(ValueError, match="head_dim 64"):
+        layer.update(torch.randn(1, 2, 1, 80), torch.randn(1, 2, 1, 80))
+    with pytest.raises(ValueError, match="layer-adaptive mode 4"):
+        layer_cache_types(18, "turboq3", "turboq3", 4)
+
+
+@pytest.mark.parametrize("mode", [m for m in layer_adaptive.modes() if m])
+def test_layer_adaptive_types_are_libllama_table(mode):
+    p = layer_adaptive.policies()[mode]
+    n_layer = 18
+    if p.k_gain_div:
+        gains = list(np.random.default_rng(mode).random(n_layer))
+        got = layer_cache_types(n_layer, "turboq3", "turboq4", mode, gains)
+        picked = set(np.argsort(-np.asarray(gains), kind="stable")[:max(1, n_layer // p.k_gain_div)])
+        assert got == [p.types(il in picked, "turboq3", "turboq4") for il in range(n_layer)]
+        with pytest.raises(ValueError, match="k_gains"):
+            layer_cache_types(n_layer, "turboq3", "turboq4", mode)
+    else:
+        assert layer_cache_types(n_layer, "turboq3", "turboq4", mode) == \
+            [layer_adaptive.layer_types(mode, il, n_layer, "turboq3", "turboq4") for il in range(n_layer)]
+
+
+def test_layer_adaptive_3_on_gemma_picks_llama_cpp_layers(gemma_lm):
+    # README: on Gemma 3 270M mode 3 puts q8_0 K on layers 11 and 5
+    gains = k_gains_from_gguf(gemma_lm.gguf)
+    cache = TurboQuantCache(gemma_lm.model.config, "turboq3", "turboq4", 3, gains)
+    assert [il for il, (tk, _) in enumerate(cache.layer_types_kv) if tk == "q8_0"] == [5, 11]
+    assert all(tv == "turboq4" for _, tv in cache.layer_types_kv)
+
+
+@pytest.fixture(scope="module")
+def gemma_lm(build_info):
+    return load("gemma3-270m")
+
+
+def prompt_ids(lm, n: int) -> torch.Tensor:
+    text = data.corpus_slice(12000).read_text(encoding="utf-8")
+    return torch.tensor([lm.tokenize(text)[:n]])
+
+
+def test_memory_drops(gemma_lm):
+    from transformers import DynamicCache
+
+    n = 1024
+    ids = prompt_ids(gemma_lm, n)
+    m = gemma_lm.model
+    held = {}
+    with torch.inference_mode():
+        for name in ("dynamic", "turboq3", "turboq8"):
+            cache = DynamicCache(config=m.config) if name == "dynamic" else make_cache(gemma_lm, name, name)
+            m(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            held[name] = dynamic_cache_nbytes(cache) if name == "dynamic" else cache.nbytes()
+    cfg = m.config
+    sliding = sum(t == "sliding_attention" for t in cfg.layer_types)
+    full = cfg.num_hidden_layers - sliding
+    cells = full * n + sliding * (cfg.sliding_window - 1)
+    row = cfg.num_key_value_heads * cfg.head_dim
+    assert held["dynamic"] == cells * row * 4 * 2
+    mean_bytes = cfg.num_hidden_layers * row * 4  # the K-centering mean, one row per layer
+    for t in ("turboq3", "turboq8"):
+        assert held[t] == cells * row // D * cache_type(t).block_bytes * 2 + mean_bytes
+    assert held["turboq3"] / held["dynamic"] < 0.1
+
+
+def test_generation_with_the_cache_and_logits_close_to_f32(gemma_lm):
+    """Greedy decoding through TurboQuantCache; the logits of prefill and 8 decode steps against a
+    DynamicCache (f32 K/V). Tolerances: the measured turboq8 (KLD 0.0004, top-1 1.0) and turboq4
+    (KLD 0.060, top-1 0.875) errors with headroom; an encoder or layout bug gives KLD > 1."""
+    from transformers import DynamicCache
+
+    m = gemma_lm.model
+    ids = prompt_ids(gemma_lm, 96)
+    with torch.inference_mode():
+        ref = m.generate(ids, past_key_values=DynamicCache(config=m.config), max_new_tokens=8, do_sample=False,
+                         output_logits=True, return_dict_in_generate=True)
+        ref_logits = torch.cat(ref.logits).float()
+        for t, max_kld, min_top1 in (("turboq8", 0.01, 1.0), ("turboq4", 0.15, 0.75)):
+            cache = make_cache(gemma_lm, t, t)
+            # teacher-forced on the reference tokens, so that every step's logits compare like with like
+            out = m(input_ids=ref.sequences[:, :-1], past_key_values=cache, use_cache=True)
+            logits = out.logits[0, ids.shape[1] - 1:].float()
+            p = torch.log_softmax(ref_logits, -1)
+            q = torch.log_softmax(logits, -1)
+            kld = float((p.exp() * (p - q)).sum(-1).mean())
+            top1 = float((ref_logits.argmax(-1) == logits.argmax(-1)).float().mean())
+            print(f"{t}: mean KLD vs f32 cache {kld:.5f}, top-1 agreement {top1:.3f}")
+            assert kld < max_kld and top1 >= min_top1
+        gen = m.generate(ids, past_key_values=make_cache(gemma_lm, "turboq3", "turboq3"), max_new_tokens=8,
+                         do_sample=False)
+        assert gen.shape == (1, ids.shape[1] + 8)
+
+
+def test_smollm2_head_dim_64(build_info):
+    lm = load("smollm2-135m")
+    cfg = lm.model.config
+    assert cfg.head_dim == 64 and cfg.num_key_value_heads == 3
+    ids = prompt_ids(lm, 64)
+    with torch.inference_mode():
+        ref = lm.model(input_ids=ids).logits[0].float()
+        cache = make_cache(lm, "turboq4", "turboq4")
+        got = lm.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0].float()
+    assert cache.layers[0].keys.shape == (1, 64, 2 * 68)  # 192 values padded to 2 blocks
+    p, q = torch.log_softmax(ref, -1), torch.log_softmax(got, -1)
+    kld = float((p.exp() * (p - q)).sum(-1).mean())
+    print(f"SmolLM2 turboq4: mean KLD vs f32 {kld:.5f}")  # measured 0.109
+    assert kld < 0.2
+
+
+# The cross-check: the same 4 chunks of 512 tokens, llama-perplexity's scheme (the second half of
+# each chunk scored), f16 and turboq3 K/V in both implementations.
+# - f16: transformers runs the dequantized weights in f32, llama.cpp the Q4_K_M matmuls: within 2%.
+# - the relative PPL increase of turboq3 over f16 differs between the two by at most
+#   INCREASE_TOL. Both run the same codec on slightly different K/V (the weights differ), so their
+#   quantization errors are two draws of the same noise. Over 5 rotation seeds on 8 chunks the
+#   transformers increase had a standard deviation of SEED_SD (README); 4 chunks hold half the
+#   tokens, so about sqrt(2) times that, and the tolerance is 3 sigma of the difference of two draws.
+SEED_SD = 0.016
+INCREASE_TOL = 3 * math.sqrt(2) * math.sqrt(2) * SEED_SD
+
+
+def test_ppl_cross_check_with_llama_cpp(gemma_lm):
+    from pyturbo.tools import llama_perplexity
+
+    chunks = 4
+    text = data.corpus_slice(12000)
+    hf = {t: hf_perplexity(gemma_lm, text.read_text(encoding="utf-8"), t, t, max_length=512, stride=512,
+                           score_from=257, max_tokens=chunks * 512, show_progress=False).ppl for t in ("f16", "turboq3")}
+    cpp = {t: llama_perplexity(gemma_lm.gguf, text, t, t, ctx=512, chunks=chunks, threads=2).ppl for t in ("f16", "turboq3")}
+    inc_hf, inc_cpp = hf["turboq3"] / hf["f16"] - 1, cpp["turboq3"] / cpp["f16"] - 1
+    print(f"f16 PPL: transformers {hf['f16']:.3f}, llama.cpp {cpp['f16']:.3f}; turboq3: {hf['turboq3']:.3f}, "
+          f"{cpp['turboq3']:.3f}; increase {inc_hf:+.2%} vs {inc_cpp:+.2%} (tolerance {INCREASE_TOL:.3f})")
+    assert abs(hf["f16"] / cpp["f16"] - 1) < 0.02
+    assert abs(inc_hf - inc_cpp) < INCREASE_TOL
+    assert inc_hf > 0.05 and inc_cpp > 0.05  # turboq3 does cost something: the check is not vacuous
