@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,12 +44,44 @@ def progress(done: int, total: int, label: str) -> None:
         print(file=sys.stderr)
 
 
+def score_windows(tokens: list[int], bos: int | None, window_nll: Callable[[list[int], int], tuple[float, int]],
+                  max_length: int, stride: int, score_from: int = 0, label: str = "",
+                  show_progress: bool = True) -> tuple[float, int]:
+    """The window scheme, for any backend: returns the summed NLL and the number of scored targets.
+
+    window_nll(window, first) must return the summed NLL of window[first:], each token given the
+    ones before it in the window, and how many targets that was (len(window) - first).
+    score_from > 0 scores only targets at window offsets >= score_from: with stride == max_length
+    and score_from = max_length // 2 + 1 this is exactly llama-perplexity's scheme."""
+    n = len(tokens)
+    if n < 2:
+        raise ValueError("the text is too short to score")
+    starts = list(range(0, max(n - 1, 1), stride))
+    nll_sum, n_scored, prev_end = 0.0, 0, 0
+    for i, begin in enumerate(starts):
+        end = min(begin + max_length, n)
+        # like llama-perplexity, every window starts with BOS (models such as Gemma need it);
+        # the token it replaces is context only, never a scored target after the first window
+        window = [bos, *tokens[begin + 1:end]] if begin > 0 and bos is not None else tokens[begin:end]
+        first_scored = max(prev_end, begin + 1, begin + score_from)  # positions [first_scored, end) get scored
+        s, k = window_nll(window, first_scored - begin)
+        nll_sum += s
+        n_scored += k
+        prev_end = end
+        if show_progress:
+            progress(i + 1, len(starts), label)
+        if end == n or (score_from and end - begin < max_length):
+            if show_progress and i + 1 < len(starts):
+                progress(len(starts), len(starts), label)
+            break
+    return nll_sum, n_scored
+
+
 def sliding_window_perplexity(model: str | Path, text: str, cache_type_k: str = "f16", cache_type_v: str = "f16",
                               layer_adaptive: int = 0, max_length: int = 2048, stride: int = 512,
                               max_tokens: int | None = None, n_threads: int | None = None,
                               show_progress: bool = True, score_from: int = 0) -> PerplexityRun:
-    """score_from > 0 scores only targets at window offsets >= score_from: with stride == max_length
-    and score_from = max_length // 2 + 1 this is exactly llama-perplexity's scheme."""
+    """llama.cpp through llama-cpp-python; score_from as in score_windows."""
     from .llama import Llama
 
     llm = Llama(str(model), cache_type_k=cache_type_k, cache_type_v=cache_type_v, layer_adaptive=layer_adaptive,
@@ -57,32 +90,15 @@ def sliding_window_perplexity(model: str | Path, text: str, cache_type_k: str = 
     tokens = llm.tokenize(text.encode("utf-8"), add_bos=True)
     if max_tokens:
         tokens = tokens[:max_tokens]
-    n = len(tokens)
-    if n < 2:
-        raise ValueError("the text is too short to score")
-    starts = list(range(0, max(n - 1, 1), stride))
-    nll_sum, n_scored, prev_end = 0.0, 0, 0
-    label = f"{cache_type_k}/{cache_type_v}" + (f" LA{layer_adaptive}" if layer_adaptive else "")
-    for i, begin in enumerate(starts):
-        end = min(begin + max_length, n)
-        # like llama-perplexity, every window starts with BOS (models such as Gemma need it);
-        # the token it replaces is context only, never a scored target after the first window
-        window = [llm.token_bos(), *tokens[begin + 1:end]] if begin > 0 and llm.token_bos() >= 0 else tokens[begin:end]
-        first_scored = max(prev_end, begin + 1, begin + score_from)  # positions [first_scored, end) get scored
+
+    def window_nll(window: list[int], first: int) -> tuple[float, int]:
         llm.reset()
         llm.eval(window)
-        logits = llm.scores[first_scored - 1 - begin:end - 1 - begin]
-        targets = np.asarray(tokens[first_scored:end])
-        lp = _log_softmax_at(logits, targets)
-        nll_sum -= float(lp.sum())
-        n_scored += len(targets)
-        prev_end = end
-        if show_progress:
-            progress(i + 1, len(starts), label)
-        if end == n or (score_from and end - begin < max_length):
-            if show_progress and i + 1 < len(starts):
-                progress(len(starts), len(starts), label)
-            break
-    del llm
+        lp = _log_softmax_at(llm.scores[first - 1:len(window) - 1], np.asarray(window[first:]))
+        return -float(lp.sum()), len(window) - first
+
+    label = f"{cache_type_k}/{cache_type_v}" + (f" LA{layer_adaptive}" if layer_adaptive else "")
+    nll_sum, n_scored = score_windows(tokens, llm.token_bos() if llm.token_bos() >= 0 else None, window_nll,
+                                      max_length, stride, score_from, label, show_progress)
     nll = nll_sum / n_scored
     return PerplexityRun(cache_type_k, cache_type_v, layer_adaptive, math.exp(nll), nll, n_scored)

@@ -25,6 +25,8 @@ import pytest
 from pyturbo import codec, reference
 from pyturbo.types import cache_type
 
+from test_flash_attn_tiled import causal_mask  # tests/ is on sys.path (pytest prepend mode)
+
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = os.environ.get("CI") == "true" or os.environ.get("PYTURBO_REQUIRE_PORTABLE") == "1"
 TOL = 1e-4
@@ -104,16 +106,6 @@ def decoded(x: np.ndarray, type_name: str) -> np.ndarray:
     else:
         out = codec.dequantize(codec.quantize(flat, type_name), type_name)
     return np.asarray(out, dtype=np.float32).reshape(x.shape)
-
-
-def causal_mask(n_q: int, n_kv: int, hidden_prefix: int, hidden_row: int | None) -> np.ndarray:
-    m = np.zeros((n_q, n_kv), dtype=np.float32)
-    for i in range(n_q):
-        m[i, n_kv - n_q + i + 1:] = -np.inf
-    m[:, :hidden_prefix] = -np.inf
-    if hidden_row is not None:
-        m[hidden_row] = -np.inf
-    return m
 
 
 # (type_k, type_v, d, n_head, n_head_kv, n_q, n_kv, threads, path, softcap)

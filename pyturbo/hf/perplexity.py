@@ -2,8 +2,8 @@
 the model in transformers and the KV cache a TurboQuantCache (f16/f32: a DynamicCache-like cache
 of that dtype through the same class, so both rows of a comparison take one code path).
 
-The windows, the BOS at the start of every window and the scored targets are those of
-sliding_window_perplexity. A window goes through the model in chunks of n_batch tokens (llama.cpp's
+The windows, the BOS at the start of every window and the scored targets come from
+pyturbo.sliding_window.score_windows, as for the llama backend. A window goes through the model in chunks of n_batch tokens (llama.cpp's
 ubatches) with the cache carrying over between chunks; the cache is new for every window.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..sliding_window import PerplexityRun, _log_softmax_at, progress
+from ..sliding_window import PerplexityRun, _log_softmax_at, score_windows
 from .cache import TurboQuantCache, k_gains_from_gguf
 from .models import LoadedModel, load
 
@@ -61,26 +61,11 @@ def hf_perplexity(model: str | Path | LoadedModel | None, text: str, cache_type_
     tokens = lm.tokenize(text)
     if max_tokens:
         tokens = tokens[:max_tokens]
-    n = len(tokens)
-    if n < 2:
-        raise ValueError("the text is too short to score")
-    starts = list(range(0, max(n - 1, 1), stride))
-    nll_sum, n_scored, prev_end = 0.0, 0, 0
+
+    def fresh_cache_nll(window: list[int], first: int) -> tuple[float, int]:
+        return window_nll(lm, window, first, make_cache(lm, cache_type_k, cache_type_v, layer_adaptive, k_center), n_batch)
+
     label = f"hf {cache_type_k}/{cache_type_v}" + (f" LA{layer_adaptive}" if layer_adaptive else "")
-    for i, begin in enumerate(starts):
-        end = min(begin + max_length, n)
-        window = [lm.bos_id, *tokens[begin + 1:end]] if begin > 0 and lm.bos_id is not None else tokens[begin:end]
-        first_scored = max(prev_end, begin + 1, begin + score_from)
-        cache = make_cache(lm, cache_type_k, cache_type_v, layer_adaptive, k_center)
-        s, k = window_nll(lm, window, first_scored - begin, cache, n_batch)
-        nll_sum += s
-        n_scored += k
-        prev_end = end
-        if show_progress:
-            progress(i + 1, len(starts), label)
-        if end == n or (score_from and end - begin < max_length):
-            if show_progress and i + 1 < len(starts):
-                progress(len(starts), len(starts), label)
-            break
+    nll_sum, n_scored = score_windows(tokens, lm.bos_id, fresh_cache_nll, max_length, stride, score_from, label, show_progress)
     nll = nll_sum / n_scored
     return PerplexityRun(cache_type_k, cache_type_v, layer_adaptive, math.exp(nll), nll, n_scored)
