@@ -165,4 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("corpus-path", help="print the path of botchan.txt (fetching it once)")
     p.set_defaults(func=lambda a: print(data.corpus()))
     args = ap.parse_args(argv)
-    args.func(args)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        # bad input (a type name, a model path, a missing extra): the reason, not a traceback
+        ap.exit(2, f"pyturbo {args.command}: {e}\n")

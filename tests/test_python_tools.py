@@ -49,6 +49,16 @@ def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+@pytest.mark.parametrize("backend", ["llama", "hf"])
+@pytest.mark.parametrize("args,reason", [
+    (("-ctk", "turboq9"), "unknown KV cache type 'turboq9'"),
+    (("--model", "/nonexistent.gguf"), "not a file"),
+])
+def test_perplexity_cli_bad_input_is_one_line(backend, args, reason):
+    r = run_cli("perplexity", "--backend", backend, *args, timeout=120)
+    assert r.returncode == 2 and reason in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("t", ["f16", "turboq3"])
 def test_perplexity_cli_agrees_with_llama_perplexity(gemma, t):
     text = data.corpus_slice(9000)
