@@ -3,13 +3,15 @@
 - `matrix`: PPL, KLD, speed and KV memory per K/V configuration, with a plot (`bench.matrix`);
 - `quality`, `speed`: llama-perplexity and llama-bench tables per cache type (`bench.cpu`);
 - `serve`: concurrent clients against `python -m server`, aggregate tokens/s by --parallel, and
-  the KV memory that llama-server reports (`bench.serve`).
+  the KV memory that llama-server reports (`bench.serve`);
+- `hf`: transformers' TurboQuantCache against DynamicCache, bytes held and decode tokens/s (`bench.hf`).
 """
 from __future__ import annotations
 
 
 def add_parsers(sub) -> None:
-    from . import cpu, matrix, serve
+    from . import cpu, hf, matrix, serve
     matrix.add_parser(sub)
     cpu.add_parsers(sub)
     serve.add_parsers(sub)
+    hf.add_parsers(sub)
