@@ -7,29 +7,9 @@ import pytest
 from pyturbo import codec, ggml, reference
 from pyturbo.codebook import theoretical_vector_mse
 from pyturbo.types import TURBOQ_TYPES, cache_type
+from helpers import special_groups
 
 D = 128
-
-
-def special_groups(rng) -> dict[str, np.ndarray]:
-    g = {
-        "random": rng.standard_normal((64, D)).astype(np.float32),
-        "zero": np.zeros((2, D), np.float32),
-        "constant": np.full((2, D), 0.37, np.float32),
-        "negative_constant": np.full((1, D), -3.0, np.float32),
-        "huge": (rng.standard_normal((4, D)) * 1e30).astype(np.float32),
-        "max_float": np.full((1, D), np.finfo(np.float32).max, np.float32),
-        "tiny": (rng.standard_normal((4, D)) * 1e-30).astype(np.float32),
-        "denormal": (rng.standard_normal((4, D)) * 1e-40).astype(np.float32),
-        "one_hot": np.eye(D, dtype=np.float32)[:8] * 5.0,
-        "kv_like": (rng.standard_normal((16, D)) * np.linspace(0.1, 20, D)).astype(np.float32),
-    }
-    bad = rng.standard_normal((3, D)).astype(np.float32)
-    bad[0, 5] = np.nan
-    bad[1, 17] = np.inf
-    bad[2, 99] = -np.inf
-    g["nan_inf"] = bad
-    return g
 
 
 @pytest.mark.parametrize("type_name", TURBOQ_TYPES)

@@ -15,16 +15,9 @@ import numpy as np
 import pytest
 
 from pyturbo import data
+from helpers import kl
 
 N_DROP, N_KEEP, N_NEXT = 64, 160, 16
-
-
-def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
-    lp = p_logits.astype(np.float64) - p_logits.max()
-    lq = q_logits.astype(np.float64) - q_logits.max()
-    lp -= np.log(np.exp(lp).sum())
-    lq -= np.log(np.exp(lq).sum())
-    return float(np.sum(np.exp(lp) * (lp - lq)))
 
 
 def last_logits(llm) -> np.ndarray:

@@ -18,6 +18,7 @@ import pytest
 from pyturbo import codec, ggml
 from pyturbo.reference import attention as numpy_attention
 from pyturbo.types import cache_type
+from helpers import causal_mask
 
 TOL = 1e-4
 
@@ -35,18 +36,6 @@ def decoded(x: np.ndarray, type_name: str) -> np.ndarray:
         u = flat.view(np.uint32)
         return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32).reshape(x.shape)
     return codec.dequantize(codec.quantize(flat, t), t).reshape(x.shape)
-
-
-def causal_mask(n_q: int, n_kv: int, hidden_prefix: int, hidden_row: int | None) -> np.ndarray:
-    """Causal over the last n_q cached rows, the first hidden_prefix rows hidden from every query
-    (whole K/V tiles the path must skip), and one query row that sees nothing."""
-    m = np.zeros((n_q, n_kv), dtype=np.float32)
-    for i in range(n_q):
-        m[i, n_kv - n_q + i + 1:] = -np.inf
-    m[:, :hidden_prefix] = -np.inf
-    if hidden_row is not None:
-        m[hidden_row] = -np.inf
-    return m
 
 
 def case(seed: int, n_head: int, n_head_kv: int, n_q: int, n_kv: int, dk: int):

@@ -14,7 +14,7 @@ import pytest
 from pyturbo import codec, data, layer_adaptive, reference
 from pyturbo.types import TURBOQ_TYPES, cache_type
 
-from test_codec import special_groups  # tests/ is on sys.path (pytest prepend mode)
+from helpers import special_groups  # tests/ is on sys.path (pytest prepend mode)
 
 if os.environ.get("CI") == "true":
     import torch

@@ -25,7 +25,7 @@ import pytest
 from pyturbo import codec, reference
 from pyturbo.types import cache_type
 
-from test_flash_attn_tiled import causal_mask  # tests/ is on sys.path (pytest prepend mode)
+from helpers import causal_mask  # tests/ is on sys.path (pytest prepend mode)
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = os.environ.get("CI") == "true" or os.environ.get("PYTURBO_REQUIRE_PORTABLE") == "1"

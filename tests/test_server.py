@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -17,64 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from pyturbo import data
+from helpers import ENGINES, free_port, output, post, server_cmd, start, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINES = ["llama-server", "python"]
 TEMPLATE_TOKENS = ("<start_of_turn>", "<end_of_turn>", "<im_start>", "<|im_start|>", "<im_end>", "<|im_end|>")
 N_CTX = 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{output(proc)[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        time.sleep(0.3)
-    raise TimeoutError("server did not become healthy")
-
-
-def server_cmd(engine: str, port: int, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "server", "--engine", engine, "--model", str(data.default_model()),
-            "--port", str(port), "--n-threads", "2", "--alias", "gemma", "--quiet", *flags]
-
-
-def start(cmd: list[str]) -> subprocess.Popen:
-    # the log goes to a file: a pipe that nobody reads while a server lives for a whole module
-    # would fill up with its per-request error lines and stall it
-    log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    proc.log = log
-    return proc
-
-
-def output(proc: subprocess.Popen) -> str:
-    proc.log.flush()
-    proc.log.seek(0)
-    return proc.log.read()
-
-
-def stop(proc: subprocess.Popen) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return output(proc)
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -157,20 +103,6 @@ def test_eight_concurrent_clients(client):
         assert text and text.strip(), f"client {i}: empty answer"
         if i % 4 != 3:
             assert text.strip().startswith(str(10 * i + 3 + 6)), f"client {i}: {text!r}"
-
-
-def post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})},
-                                 method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        try:
-            return e.code, json.loads(raw)
-        except ValueError:
-            return e.code, {"raw": raw.decode(errors="replace")}
 
 
 def error_message(body: dict) -> str:

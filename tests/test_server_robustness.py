@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from test_server import ENGINES, free_port, server_cmd, start, stop, wait_healthy
+from helpers import ENGINES, free_port, server_cmd, start, stop, wait_healthy
 
 N_CTX = 128
 

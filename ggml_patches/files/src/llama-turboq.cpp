@@ -3,6 +3,10 @@
 #include "llama-impl.h"
 #include "llama-io.h"
 #include "llama-model.h"
+#include "llama-context.h"
+#include "llama-kv-cache.h"
+#include "llama-kv-cache-iswa.h"
+#include "llama-memory-hybrid.h"
 
 #include "ggml-backend.h"
 
@@ -10,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <vector>
 #include <stdexcept>
 #include <string>
@@ -17,6 +22,10 @@
 namespace {
 
 constexpr ggml_type KEEP = GGML_TYPE_COUNT; // the layer keeps the requested type
+
+// set while the K-centering calibration context is built and run: it is a plain f16 context,
+// whatever the layer-adaptive mode says
+thread_local bool t_calibrating = false;
 
 // which layers are "boundary" layers, and what K and V get there and elsewhere
 struct layer_policy {
@@ -92,6 +101,9 @@ bool llama_turboq_layer_policy(int32_t i, int32_t * out) {
 }
 
 int llama_turboq_layer_adaptive_mode() {
+    if (t_calibrating) {
+        return 0;
+    }
     const char * env = std::getenv("TURBO_LAYER_ADAPTIVE");
     if (env == nullptr || *env == '\0') {
         return 0;
@@ -187,7 +199,209 @@ void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_
 
 namespace {
 
-constexpr uint32_t K_MEAN_MAGIC = 0x4d4b5154; // "TQKM"
+constexpr uint32_t K_MEAN_MAGIC     = 0x434b5154; // "TQKC": the calibrated mean
+constexpr uint32_t K_MEAN_MAGIC_OLD = 0x4d4b5154; // "TQKM": a mean fixed by the first write (before calibration)
+
+// Tokens of this text (the first CALIBRATION_TOKENS, the text repeated if it is shorter) are the
+// calibration input. It mixes prose, dialogue, code, numbers and another language, so that no
+// one register sets the mean, and it is none of the texts the project evaluates on.
+constexpr const char * CALIBRATION_TEXT = R"TQ(The lighthouse keeper kept two notebooks. In the first he wrote the weather every four hours: wind from the north-west at twenty knots, visibility six miles, a falling glass. In the second he wrote everything else. "Saw the ferry turn back at noon," one entry reads. "Mrs. Okafor brought bread and the news that the school roof leaks again. Fixed the hinge on the lower door. Read until the lamp needed trimming."
+When the station was automated in 1987, the notebooks went to the county archive, where a student found them forty years later and counted 14,612 entries. Most were ordinary. A few were not: a night in March when three ships answered the horn at once, a summer so dry that the spring behind the cottage failed, a letter copied out in full because, he wrote, "some things should be kept twice."
+Q: How do you convert a temperature from Celsius to Fahrenheit?
+A: Multiply by 9, divide by 5, and add 32. For example, 25 degrees Celsius is 25 * 9 / 5 + 32 = 77 degrees Fahrenheit.
+def moving_average(values, window):
+    """Return the mean of each run of `window` consecutive values."""
+    if window <= 0:
+        raise ValueError("window must be positive")
+    total = sum(values[:window])
+    out = [total / window]
+    for i in range(window, len(values)):
+        total += values[i] - values[i - window]
+        out.append(total / window)
+    return out
+Photosynthesis turns light, water and carbon dioxide into sugar and oxygen. The light reactions take place in the thylakoid membranes, where chlorophyll absorbs mostly red and blue light and reflects green; the Calvin cycle, in the stroma, fixes carbon with the help of the enzyme rubisco, which is thought to be the most abundant protein on Earth.
+Meeting notes, Tuesday. Attendees: Priya, Tomasz, Lena, Marcus. 1) The release moves to the 14th because the migration script failed on the staging database. 2) Lena will write the rollback plan. 3) Budget: travel is frozen until the end of the quarter; training requests go through Marcus. Action items are due Friday.
+Il pleuvait depuis le matin, et la place du marché était presque vide. Un vieil homme vendait encore des pommes sous une bâche bleue.
+She opened the window and listened. Somewhere below, a dog barked twice and stopped; a car door closed; a radio played the end of a song she almost knew. "Are you coming?" her brother called from the stairs. "In a minute," she said, which they both understood to mean ten.
+The recipe calls for 250 g of flour, 2 eggs, 300 ml of milk and a pinch of salt. Whisk the eggs and milk, add the flour a little at a time, and let the batter rest for thirty minutes before cooking it in a hot, lightly oiled pan.
+In 1859, the Carrington event produced auroras seen as far south as the Caribbean; telegraph operators reported sparks from their equipment, and some lines kept working with the batteries disconnected, powered by the current induced in the wires.
+SELECT customer_id, COUNT(*) AS orders, SUM(total) AS revenue
+FROM orders
+WHERE created_at >= '2024-01-01'
+GROUP BY customer_id
+ORDER BY revenue DESC
+LIMIT 10;
+The theorem says that every continuous function on a closed interval attains a maximum and a minimum. The proof uses the fact that the interval is compact: any sequence in it has a subsequence that converges to a point of the interval, and continuity carries the limit through the function.
+)TQ";
+
+constexpr int CALIBRATION_TOKENS = 512;
+
+std::mutex g_calibration_mutex;
+
+// passes errors on, drops the calibration context's own lines (its cache and buffer sizes, and
+// warnings that belong to it, not to the user's context)
+struct log_filter {
+    ggml_log_callback cb;
+    void * user_data;
+    bool drop = false;
+};
+
+void log_filtered(ggml_log_level level, const char * text, void * user_data) {
+    auto * f = (log_filter *) user_data;
+    if (level != GGML_LOG_LEVEL_CONT) {
+        f->drop = level < GGML_LOG_LEVEL_ERROR;
+    }
+    if (!f->drop && f->cb) {
+        f->cb(level, text, f->user_data);
+    }
+}
+
+std::string calibration_text() {
+    const char * path = std::getenv("TURBOQ_K_CALIB_TEXT"); // debug: calibrate on another text
+    if (path == nullptr) {
+        return CALIBRATION_TEXT;
+    }
+    std::string text;
+    if (FILE * f = std::fopen(path, "rb")) {
+        char buf[4096];
+        size_t n;
+        while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) {
+            text.append(buf, n);
+        }
+        std::fclose(f);
+    }
+    return text;
+}
+
+std::vector<llama_token> calibration_tokens(const llama_vocab * vocab, int n) {
+    const std::string text = calibration_text();
+    std::vector<llama_token> toks(text.size() + 16);
+    int got = llama_tokenize(vocab, text.c_str(), (int32_t) text.size(), toks.data(), (int32_t) toks.size(), true, false);
+    if (got < 0) {
+        toks.resize(-got);
+        got = llama_tokenize(vocab, text.c_str(), (int32_t) text.size(), toks.data(), (int32_t) toks.size(), true, false);
+    }
+    if (got <= 0) {
+        return {};
+    }
+    toks.resize(got);
+    // the text once more without the special tokens, until there are n
+    std::vector<llama_token> more(text.size() + 16);
+    const int n_more = llama_tokenize(vocab, text.c_str(), (int32_t) text.size(), more.data(), (int32_t) more.size(), false, false);
+    while ((int) toks.size() < n && n_more > 0) {
+        toks.insert(toks.end(), more.begin(), more.begin() + n_more);
+    }
+    toks.resize(std::min<size_t>(toks.size(), n));
+    return toks;
+}
+
+// the mean of layer il's K over the cells of kv that hold tokens, in double; false when kv has no such layer
+bool cache_k_mean(const llama_kv_cache * kv, uint32_t il, std::vector<float> & out) {
+    const std::vector<uint32_t> ids = kv->get_layer_ids();
+    if (std::find(ids.begin(), ids.end(), il) == ids.end()) {
+        return false;
+    }
+    const ggml_tensor * k = kv->get_k_storage((int32_t) il);
+    const llama_kv_cells & cells = kv->get_cells(0);
+    const int64_t n_embd = k->ne[0];
+    const auto * traits = ggml_get_type_traits(k->type);
+    std::vector<uint8_t> raw(k->nb[1]);
+    std::vector<float> row(n_embd);
+    std::vector<double> sum(n_embd, 0.0);
+    uint32_t n_rows = 0;
+    for (uint32_t i = 0; i < cells.size(); ++i) {
+        if (cells.is_empty(i)) {
+            continue;
+        }
+        ggml_backend_tensor_get(k, raw.data(), (size_t) i*k->nb[1], raw.size());
+        traits->to_float(raw.data(), row.data(), n_embd);
+        for (int64_t j = 0; j < n_embd; ++j) {
+            sum[j] += row[j];
+        }
+        ++n_rows;
+    }
+    if (n_rows == 0) {
+        return false;
+    }
+    out.resize(n_embd);
+    for (int64_t j = 0; j < n_embd; ++j) {
+        out[j] = (float) (sum[j]/n_rows);
+    }
+    return true;
+}
+
+// the model's means from a calibration context; false (with the reason) when it cannot be run
+bool run_calibration(llama_model & model, const llama_context_params & user, std::string & why) {
+    const char * env = std::getenv("TURBOQ_K_CALIB_TOKENS"); // debug: the calibration length
+    const int n_want = env ? std::max(1, std::atoi(env)) : CALIBRATION_TOKENS;
+    const std::vector<llama_token> toks = calibration_tokens(llama_model_get_vocab(&model), n_want);
+    if (toks.empty()) {
+        why = "the model's vocabulary cannot tokenize the calibration text";
+        return false;
+    }
+    if (llama_model_has_encoder(&model)) {
+        why = "an encoder-decoder model";
+        return false;
+    }
+    const uint32_t n = (uint32_t) toks.size();
+
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx           = n;
+    cp.n_batch         = n;
+    cp.n_ubatch        = n;
+    cp.n_seq_max       = 1;
+    cp.n_outputs_max   = 1;
+    cp.n_threads       = user.n_threads;
+    cp.n_threads_batch = user.n_threads_batch;
+    cp.type_k          = GGML_TYPE_F16;
+    cp.type_v          = GGML_TYPE_F16;
+    cp.offload_kqv     = user.offload_kqv;
+    cp.op_offload      = user.op_offload;
+    cp.swa_full        = true; // every calibration token stays in every layer's cache
+    cp.no_perf         = true;
+
+    llama_context * ctx = llama_init_from_model(&model, cp);
+    if (!ctx) {
+        why = "the calibration context could not be created";
+        return false;
+    }
+    llama_batch batch = llama_batch_get_one(const_cast<llama_token *>(toks.data()), (int32_t) n);
+    const int32_t rc = llama_decode(ctx, batch);
+    bool ok = rc == 0;
+    if (!ok) {
+        why = "the calibration decode failed (" + std::to_string(rc) + ")";
+    }
+
+    // the caches that hold attention layers: plain, sliding-window pairs, hybrid models
+    std::vector<const llama_kv_cache *> caches;
+    llama_memory_i * mem = ctx->get_memory();
+    if (auto * kv = dynamic_cast<llama_kv_cache *>(mem)) {
+        caches.push_back(kv);
+    } else if (auto * iswa = dynamic_cast<llama_kv_cache_iswa *>(mem)) {
+        caches.push_back(iswa->get_base());
+        caches.push_back(iswa->get_swa());
+    } else if (auto * hyb = dynamic_cast<llama_memory_hybrid *>(mem)) {
+        caches.push_back(hyb->get_mem_attn());
+    } else if (ok) {
+        ok = false;
+        why = "its memory is not a KV cache that calibration can read";
+    }
+
+    const uint32_t n_layer = model.hparams.n_layer();
+    std::vector<std::vector<float>> means(n_layer);
+    for (uint32_t il = 0; ok && il < n_layer; ++il) {
+        for (const auto * kv : caches) {
+            if (cache_k_mean(kv, il, means[il])) {
+                break;
+            }
+        }
+    }
+    llama_free(ctx);
+    if (ok) {
+        model.turboq_k_mean = std::move(means);
+    }
+    return ok;
+}
 
 } // namespace
 
@@ -199,30 +413,57 @@ bool llama_turboq_k_centering(ggml_type type_k) {
     return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
+void llama_turboq_calibrate_k_means(llama_model & model, const llama_context_params & params) {
+    if (t_calibrating || !llama_turboq_k_centering(params.type_k) || model.hparams.no_alloc) {
+        return;
+    }
+    std::lock_guard<std::mutex> lock(g_calibration_mutex);
+    if (model.turboq_k_mean_done) {
+        return;
+    }
+    const int64_t t0 = ggml_time_us();
+
+    log_filter filter;
+    llama_log_get(&filter.cb, &filter.user_data);
+    llama_log_set(log_filtered, &filter);
+    t_calibrating = true;
+    std::string why;
+    bool ok = false;
+    try {
+        ok = run_calibration(model, params, why);
+    } catch (const std::exception & e) {
+        why = e.what();
+    }
+    t_calibrating = false;
+    llama_log_set(filter.cb, filter.user_data);
+
+    model.turboq_k_mean_done = true;
+    if (ok) {
+        LLAMA_LOG_INFO("%s: K-centering means calibrated for this model in %.0f ms\n", __func__, (ggml_time_us() - t0)/1000.0);
+    } else {
+        model.turboq_k_mean.clear();
+        LLAMA_LOG_WARN("%s: K centering is off for this model: %s\n", __func__, why.c_str());
+    }
+}
+
 ggml_tensor * llama_turboq_new_k_mean(ggml_context * ctx, int64_t n_embd_k_gqa, const char * tag, uint32_t il) {
-    ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n_embd_k_gqa + 1);
+    ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n_embd_k_gqa);
     ggml_format_name(t, "cache_%sk_mean_l%d", tag, il);
     return t;
 }
 
+void llama_turboq_load_k_mean(const llama_model & model, ggml_tensor * k_mean, uint32_t il) {
+    const size_t n = (size_t) ggml_nelements(k_mean);
+    if (il < model.turboq_k_mean.size() && model.turboq_k_mean[il].size() == n) {
+        ggml_backend_tensor_set(k_mean, model.turboq_k_mean[il].data(), 0, n*sizeof(float));
+    } else {
+        ggml_backend_tensor_memset(k_mean, 0, 0, n*sizeof(float));
+    }
+}
+
 ggml_tensor * llama_turboq_center_k(ggml_context * ctx, ggml_tensor * k_cur, ggml_tensor * k_mean) {
-    const int64_t n        = k_cur->ne[0];
-    const int64_t n_tokens = k_cur->ne[1];
-    GGML_ASSERT(k_mean->ne[0] == n + 1);
-
-    ggml_tensor * mu_old = ggml_view_1d(ctx, k_mean, n, 0);
-    ggml_tensor * ready  = ggml_view_1d(ctx, k_mean, 1, n*ggml_element_size(k_mean));
-
-    ggml_tensor * mean = ggml_sum_rows(ctx, ggml_cont(ctx, ggml_transpose(ctx, k_cur)));
-    mean = ggml_scale(ctx, ggml_reshape_1d(ctx, mean, n), 1.0f/(float) n_tokens);
-
-    // mu = ready ? mu_old : mean, as arithmetic so that the graph is the same for every ubatch
-    ggml_tensor * mu  = ggml_add(ctx, mean, ggml_mul(ctx, ggml_sub(ctx, mu_old, mean), ready));
-    ggml_tensor * one = ggml_scale_bias(ctx, ready, 0.0f, 1.0f);
-
-    // the write-back is an ancestor of the result, so it runs in every graph that stores K
-    ggml_tensor * stored = ggml_cpy(ctx, ggml_concat(ctx, mu, one, 0), k_mean);
-    return ggml_sub(ctx, k_cur, ggml_view_1d(ctx, stored, n, 0));
+    GGML_ASSERT(k_mean->ne[0] == k_cur->ne[0]);
+    return ggml_sub(ctx, k_cur, k_mean);
 }
 
 ggml_tensor * llama_turboq_k_mean_heads(ggml_context * ctx, ggml_tensor * k_mean, int64_t n_cols, int64_t n_head_kv,
@@ -239,14 +480,18 @@ void llama_turboq_write_k_mean(llama_io_write_i & io, ggml_tensor * k_mean) {
     io.write_tensor(k_mean, 0, ggml_nbytes(k_mean));
 }
 
-bool llama_turboq_read_k_rows(llama_io_read_i & io, ggml_tensor * k_mean, ggml_tensor * k, size_t k_size_row,
-                              const uint32_t * run_from, const uint32_t * run_to, size_t n_runs, uint32_t il) {
+bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32_t il) {
     uint32_t magic = 0;
     uint32_t n = 0;
     io.read(&magic, sizeof(magic));
+    if (magic == K_MEAN_MAGIC_OLD) {
+        LLAMA_LOG_ERROR("%s: layer %u: the state was saved by an earlier build, whose K-centering mean came from the "
+                        "first request; it cannot be restored exactly (process the prompt again)\n", __func__, il);
+        return false;
+    }
     if (magic != K_MEAN_MAGIC) {
-        LLAMA_LOG_ERROR("%s: layer %u: the state has no K-centering mean for this %s K cache "
-                        "(saved without K centering, e.g. with TURBOQ_K_CENTER=0, or corrupt)\n", __func__, il, ggml_type_name(k->type));
+        LLAMA_LOG_ERROR("%s: layer %u: the state has no K-centering mean for this turboq K cache "
+                        "(saved without K centering, e.g. with TURBOQ_K_CENTER=0, or corrupt)\n", __func__, il);
         return false;
     }
     io.read(&n, sizeof(n));
@@ -263,43 +508,12 @@ bool llama_turboq_read_k_rows(llama_io_read_i & io, ggml_tensor * k_mean, ggml_t
             return false;
         }
     }
-    if (saved[n - 1] != 1.0f) {
-        LLAMA_LOG_ERROR("%s: layer %u: the saved K-centering mean was never set (corrupt state)\n", __func__, il);
+    ggml_backend_tensor_get(k_mean, cur.data(), 0, n*sizeof(float));
+    if (std::memcmp(saved.data(), cur.data(), n*sizeof(float)) != 0) {
+        LLAMA_LOG_ERROR("%s: layer %u: the state's K-centering mean is not this cache's (saved from another model "
+                        "file, backend or build, or corrupt); its K rows would be read wrong\n", __func__, il);
         return false;
     }
-    ggml_backend_tensor_get(k_mean, cur.data(), 0, n*sizeof(float));
-
-    const bool adopt = cur[n - 1] != 1.0f; // nothing written since the last clear: take the saved mean
-    if (adopt) {
-        ggml_backend_tensor_set(k_mean, saved.data(), 0, n*sizeof(float));
-    }
-    if (adopt || std::memcmp(saved.data(), cur.data(), n*sizeof(float)) == 0) {
-        for (size_t r = 0; r < n_runs; ++r) {
-            io.read_tensor(k, (size_t) run_from[r]*k_size_row, (size_t) (run_to[r] - run_from[r])*k_size_row);
-        }
-        return true;
-    }
-
-    // other sequences already use another mean: re-center these rows onto it
-    const auto * traits = ggml_get_type_traits(k->type);
-    const int64_t n_embd = n - 1;
-    std::vector<uint8_t> rows;
-    std::vector<float> x(n_embd);
-    for (size_t r = 0; r < n_runs; ++r) {
-        const size_t n_rows = run_to[r] - run_from[r];
-        rows.resize(n_rows*k_size_row);
-        io.read(rows.data(), rows.size());
-        for (size_t i = 0; i < n_rows; ++i) {
-            uint8_t * row = rows.data() + i*k_size_row;
-            traits->to_float(row, x.data(), n_embd);
-            for (int64_t j = 0; j < n_embd; ++j) {
-                x[j] += saved[j] - cur[j];
-            }
-            traits->from_float_ref(x.data(), row, n_embd);
-        }
-        ggml_backend_tensor_set(k, rows.data(), (size_t) run_from[r]*k_size_row, rows.size());
-    }
-    LLAMA_LOG_INFO("%s: layer %u: re-centered %s K rows onto the cache's mean\n", __func__, il, ggml_type_name(k->type));
     return true;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 
-// Layer-adaptive KV-cache precision for the TurboQuant types (pyturbo).
+// Layer-adaptive KV-cache precision for the TurboQuant types (pyturbo), K centering and
+// sequence state file checksums.
 //
 // TURBO_LAYER_ADAPTIVE picks per-layer K/V types when a KV cache is created:
 //   0  uniform (default)
@@ -50,23 +51,32 @@ void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_
 // does change: it scales with ||k - mu|| rather than ||k||, and K of real models carries a
 // large common component (on Gemma 3 270M 24-75% of ||k||^2 per layer).
 //
-// mu is the mean of the first ubatch written into the empty cache, fixed from then on, so every
-// key that a query can see shares it. It lives in the cache buffer as [mu (n_embd_k_gqa floats),
-// ready] where ready = 0 until that write; a cache that becomes empty again (clear, whole-state
-// restore, removal of its last cell) is re-armed. The K-shift adds mu
-// back around RoPE; a saved state carries mu, and a sequence restored next to other sequences
-// with another mu has its K rows re-centered.
+// mu is a property of the model: the mean K (as the cache stores it, after RoPE) of a fixed
+// calibration text, computed once per loaded model with an f16 cache, before the first context
+// with a turboq K is built. It never depends on what a context has processed, so a request's
+// answer does not depend on other requests, slots or restarts. The mean lives in the cache
+// buffer and costs one subtraction per stored K row; the K-shift adds it back around RoPE, and a
+// saved state carries it, so a state is restored only into a cache with the same mean.
 
 class  llama_io_write_i;
 class  llama_io_read_i;
+struct llama_context_params;
 
 // whether layers with this K type keep a mean (turboq K; TURBOQ_K_CENTER=0 turns it off)
 bool llama_turboq_k_centering(ggml_type type_k);
 
-// the per-layer [mu, ready] tensor, created in the cache's context
+// computes the model's K means once (no-op when done, off, or for a model without weights);
+// params are the context's, for its threads and offload settings. A model that cannot be
+// calibrated (no vocabulary, a decode failure) gets zero means, which is no centering, and a warning.
+void llama_turboq_calibrate_k_means(llama_model & model, const llama_context_params & params);
+
+// the per-layer mean tensor (n_embd_k_gqa floats), created in the cache's context
 ggml_tensor * llama_turboq_new_k_mean(ggml_context * ctx, int64_t n_embd_k_gqa, const char * tag, uint32_t il);
 
-// graph: k_cur [n_embd_k_gqa, n_tokens] -> k_cur - mu, fixing mu from this ubatch when not ready
+// writes the model's calibrated mean of layer il into k_mean (zeros when there is none)
+void llama_turboq_load_k_mean(const llama_model & model, ggml_tensor * k_mean, uint32_t il);
+
+// graph: k_cur [n_embd_k_gqa, n_tokens] -> k_cur - mu
 ggml_tensor * llama_turboq_center_k(ggml_context * ctx, ggml_tensor * k_cur, ggml_tensor * k_mean);
 
 // the n_cols channels from `offset` of each head's mu (head size n_embd_head) as [n_cols, n_head_kv, 1]:
@@ -77,10 +87,9 @@ ggml_tensor * llama_turboq_k_mean_heads(ggml_context * ctx, ggml_tensor * k_mean
 // state: the mean record written before a layer's K rows
 void llama_turboq_write_k_mean(llama_io_write_i & io, ggml_tensor * k_mean);
 
-// reads the record and the layer's K rows (runs of cells [from, to) of k, row size k_size_row);
-// false with an error logged when the record is missing or corrupt
-bool llama_turboq_read_k_rows(llama_io_read_i & io, ggml_tensor * k_mean, ggml_tensor * k, size_t k_size_row,
-                              const uint32_t * run_from, const uint32_t * run_to, size_t n_runs, uint32_t il);
+// reads the record before a layer's K rows; false with an error logged when it is missing, corrupt,
+// or not this cache's mean (the rows would then be read against the wrong mean)
+bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32_t il);
 
 // ---- sequence state files (llama-server slot files) ----
 //

@@ -11,6 +11,12 @@
 //
 // When there are fewer tiles than threads (decode), the KV range is split across threads and the
 // partial (max, sum, V sum) of every row are merged after a barrier, as upstream does for f16.
+//
+// K/V tiles and chunks start at the first cached row that the tile's queries can see, not at
+// row 0: which rows a tile groups (and which SIMD lane a row's softmax term lands in) then
+// depends only on the visible rows, not on where a sequence's cells lie in the cache. So a
+// sequence whose cells form one run gives bit-identical results wherever that run lies (beside
+// other sequences, after other requests), as upstream's one-row f16 path does.
 
 #include "fattn-tiled-q.h"
 
@@ -85,13 +91,17 @@ int64_t thread_floats(int64_t DK, int64_t DV) {
     return (n + 15) & ~(int64_t) 15;
 }
 
+// chunks for a KV span: at most `most`, with at least two K/V tiles each so that the merge stays cheap
+int64_t splits(int64_t most, int64_t span) {
+    return std::max<int64_t>(1, std::min<int64_t>(most, span/(2*KT)));
+}
+
 struct plan {
     int64_t rk2, rk3;      // query heads per K head (dims 2, 3)
     int64_t rows;          // query rows per group: tokens x heads of the group
     int64_t tiles_per_group;
     int64_t n_tiles;
-    int64_t nsplit;        // KV chunks per tile (1 unless tiles < threads)
-    int64_t chunk;         // cached rows per chunk, a multiple of KT
+    int64_t nsplit;        // most KV chunks per tile (1 unless tiles < threads): the partials' layout
     int64_t n_rows_total;
 };
 
@@ -108,11 +118,8 @@ plan make_plan(const ggml_tensor * dst, int nth) {
     const int64_t nkv = k->ne[1];
     p.nsplit = 1;
     if (p.n_tiles < nth) {
-        // at least two K/V tiles per chunk, so that the merge stays cheap
-        p.nsplit = std::max<int64_t>(1, std::min<int64_t>(nth/p.n_tiles, nkv/(2*KT)));
+        p.nsplit = splits(nth/p.n_tiles, nkv);
     }
-    p.chunk = ((nkv + p.nsplit - 1)/p.nsplit + KT - 1)/KT*KT;
-    p.nsplit = std::max<int64_t>(1, (nkv + p.chunk - 1)/p.chunk);
     return p;
 }
 
@@ -261,7 +268,7 @@ void run_tile(const attn & a, int64_t g, int64_t r0, int64_t r1, int64_t c0, int
         simd_gemm(O, P, Vd, (int) n, (int) KT, (int) DV);
     }
 
-    if (a.sinks && c0 == 0) {
+    if (a.sinks && isplit == 0) {
         for (int64_t t = 0; t < n; ++t) {
             const float s = ((const float *) a.sinks->data)[iq2[t]];
             float ms = 1.0f, vs = 1.0f;
@@ -321,6 +328,38 @@ void merge_row(const attn & a, int64_t R, const float * partials, float * out) {
     const int64_t iq1 = r/a.p.rk2, iq2 = ik2*a.p.rk2 + r%a.p.rk2;
     const int64_t ne1 = a.dst->ne[1], ne2 = a.dst->ne[2];
     memcpy((char *) a.dst->data + (iq3*ne2*ne1 + iq2 + iq1*ne1)*a.dst->nb[1], out, a.dst->nb[1]);
+}
+
+// the cached rows [first, last] that any query row of tile (g, r0..r1) can see; first > last when none
+void visible_span(const attn & a, int64_t g, int64_t r0, int64_t r1, int64_t & first, int64_t & last) {
+    const int64_t nkv = a.k->ne[1];
+    first = 0;
+    last  = nkv - 1;
+    if (!a.mask) {
+        return;
+    }
+    const ggml_tensor * mask = a.mask;
+    const int64_t iq3 = g/a.k->ne[2], ik2 = g%a.k->ne[2];
+    first = nkv;
+    last  = -1;
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t iq1 = r/a.p.rk2, iq2 = ik2*a.p.rk2 + r%a.p.rk2;
+        const ggml_fp16_t * m = (const ggml_fp16_t *) ((const char *) mask->data + iq1*mask->nb[1]
+                                + (iq2%mask->ne[2])*mask->nb[2] + (iq3%mask->ne[3])*mask->nb[3]);
+        // a slope never turns a finite mask value into -inf, so the mask alone says what is visible
+        for (int64_t c = 0; c < first; ++c) {
+            if (GGML_CPU_FP16_TO_FP32(m[c]) != -INFINITY) {
+                first = c;
+                break;
+            }
+        }
+        for (int64_t c = nkv - 1; c > last; --c) {
+            if (GGML_CPU_FP16_TO_FP32(m[c]) != -INFINITY) {
+                last = c;
+                break;
+            }
+        }
+    }
 }
 
 } // namespace
@@ -398,7 +437,6 @@ void ggml_fa_tiled_q_compute(const ggml_compute_params * params, ggml_tensor * d
     GGML_ASSERT(dst->nb[0] == sizeof(float));
 
     a.p = make_plan(dst, nth);
-    const int64_t nkv = a.k->ne[1];
 
     const int64_t per_thread = thread_floats(a.DK, a.DV);
     GGML_ASSERT(params->wsize >= ggml_fa_tiled_q_work_size(dst, nth));
@@ -418,9 +456,16 @@ void ggml_fa_tiled_q_compute(const ggml_compute_params * params, ggml_tensor * d
         const int64_t g      = tile/a.p.tiles_per_group;
         const int64_t r0     = (tile%a.p.tiles_per_group)*QT;
         const int64_t r1     = std::min(r0 + QT, a.p.rows);
-        const int64_t c0     = isplit*a.p.chunk;
-        const int64_t c1     = std::min(c0 + a.p.chunk, nkv);
-        run_tile(a, g, r0, r1, c0, c1, scratch, partials, isplit);
+        int64_t first, last;
+        visible_span(a, g, r0, r1, first, last);
+        // the chunks split the visible span, so they too depend on it alone; a chunk past its
+        // end runs no K/V tile and leaves an empty partial (sum 0), which the merge skips
+        const int64_t span   = std::max<int64_t>(0, last + 1 - first);
+        const int64_t nsplit = splits(a.p.nsplit, span);
+        const int64_t chunk  = ((span + nsplit - 1)/nsplit + KT - 1)/KT*KT;
+        const int64_t c0     = std::min(first + isplit*chunk, last + 1);
+        const int64_t c1     = std::min(c0 + chunk, last + 1);
+        run_tile(a, g, r0, r1, std::max<int64_t>(c0, 0), std::max<int64_t>(c1, 0), scratch, partials, isplit);
     }
 
     if (partials) {

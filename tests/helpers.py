@@ -1,0 +1,132 @@
+"""Helpers shared by the test modules (which never import each other): starting and stopping
+servers, KL of logit rows, codec input groups, attention masks."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from pyturbo import data
+
+ROOT = Path(__file__).resolve().parent.parent
+D = 128  # values per turboq group
+ENGINES = ["llama-server", "python"]
+
+
+# ---- servers (`python -m server`) ----
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{output(proc)[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(0.3)
+    raise TimeoutError("server did not become healthy")
+
+
+def server_cmd(engine: str, port: int, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "server", "--engine", engine, "--model", str(data.default_model()),
+            "--port", str(port), "--n-threads", "2", "--alias", "gemma", "--quiet", *flags]
+
+
+def start(cmd: list[str]) -> subprocess.Popen:
+    # the log goes to a file: a pipe that nobody reads while a server lives for a whole module
+    # would fill up with its per-request error lines and stall it
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    proc.log = log
+    return proc
+
+
+def output(proc: subprocess.Popen) -> str:
+    proc.log.flush()
+    proc.log.seek(0)
+    return proc.log.read()
+
+
+def stop(proc: subprocess.Popen) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return output(proc)
+
+
+def post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})},
+                                 method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, {"raw": raw.decode(errors="replace")}
+
+# ---- numbers ----
+
+def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    lp = p_logits.astype(np.float64) - p_logits.max()
+    lq = q_logits.astype(np.float64) - q_logits.max()
+    lp -= np.log(np.exp(lp).sum())
+    lq -= np.log(np.exp(lq).sum())
+    return float(np.sum(np.exp(lp) * (lp - lq)))
+
+
+def special_groups(rng) -> dict[str, np.ndarray]:
+    g = {
+        "random": rng.standard_normal((64, D)).astype(np.float32),
+        "zero": np.zeros((2, D), np.float32),
+        "constant": np.full((2, D), 0.37, np.float32),
+        "negative_constant": np.full((1, D), -3.0, np.float32),
+        "huge": (rng.standard_normal((4, D)) * 1e30).astype(np.float32),
+        "max_float": np.full((1, D), np.finfo(np.float32).max, np.float32),
+        "tiny": (rng.standard_normal((4, D)) * 1e-30).astype(np.float32),
+        "denormal": (rng.standard_normal((4, D)) * 1e-40).astype(np.float32),
+        "one_hot": np.eye(D, dtype=np.float32)[:8] * 5.0,
+        "kv_like": (rng.standard_normal((16, D)) * np.linspace(0.1, 20, D)).astype(np.float32),
+    }
+    bad = rng.standard_normal((3, D)).astype(np.float32)
+    bad[0, 5] = np.nan
+    bad[1, 17] = np.inf
+    bad[2, 99] = -np.inf
+    g["nan_inf"] = bad
+    return g
+
+
+def causal_mask(n_q: int, n_kv: int, hidden_prefix: int, hidden_row: int | None) -> np.ndarray:
+    """Causal over the last n_q cached rows, the first hidden_prefix rows hidden from every query
+    (whole K/V tiles the path must skip), and one query row that sees nothing."""
+    m = np.zeros((n_q, n_kv), dtype=np.float32)
+    for i in range(n_q):
+        m[i, n_kv - n_q + i + 1:] = -np.inf
+    m[:, :hidden_prefix] = -np.inf
+    if hidden_row is not None:
+        m[hidden_row] = -np.inf
+    return m
