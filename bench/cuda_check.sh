@@ -3,13 +3,16 @@
 #
 # Two steps:
 #   1. here (with network/cache):  bench/cuda_check.sh prepare
-#        packs the patched upstream tree (no .git/docs/models) and the small test models into
-#        build/cuda-carry/ (~30 MB; the `run` tool carries at most 64 MiB: carry ["build/cuda-carry"]).
-#        The 253 MB Gemma 3 270M gguf does not fit; pass MODEL_CARRY=<gguf> to pack another one.
+#        packs the patched upstream tree (no .git/docs/models) and two zero-weight model headers
+#        (Llama-3.1-8B's shapes, Gemma 3 270M) into build/cuda-carry/ (~21 MB; the `run` tool
+#        carries at most 64 MiB with the repo: carry ["build/cuda-carry"]). MODEL_CARRY=<gguf ...>
+#        packs whole models too, if they fit.
 #   2. on the GPU machine, from the repo root:  bench/cuda_check.sh
 #        configure + build test-backend-ops and llama-bench (-j16), run test-backend-ops on CUDA0
 #        (SET_ROWS, GET_ROWS, CPY, FLASH_ATTN_EXT; fails unless CUDA0 ran N/N tests with N > 0),
-#        then llama-bench -fa 1 -d 0,8192,32768 for -ctk/-ctv f16 q8_0 q4_0 turboq4 turboq3.
+#        and the turboq FA cases again with GGML_CUDA_TURBOQ_FA=packed (the packed-block kernel at
+#        every batch size), then llama-bench -ngl 99 -fa 1 -p 512 -n 64 -d 0,8192,32768 for each
+#        configuration, on the zero-weight 8B-shaped model first, and one ratio table to f16.
 #
 # Environment (step 2):
 #   PYTURBO_UPSTREAM_DIR  patched llama.cpp tree (default: build/upstream/llama.cpp, else the
@@ -18,7 +21,9 @@
 #                         carried models in build/cuda-carry/*.gguf); all found models are benched
 #   OUT                   results folder (default: build-cuda/out)
 #   BUDGET_S              total seconds (default 570): benches that would overrun are skipped
-#   BENCH_DEPTHS          default 0,8192,32768;  BENCH_REPS default 2;  BENCH_TYPES default "f16 q8_0 q4_0 turboq4 turboq3"
+#   BENCH_DEPTHS          default 0,8192,32768;  BENCH_REPS default 2
+#   BENCH_CONFIGS         K/V configurations, each TYPE or K/V or K/V:MODE (MODE = TURBO_LAYER_ADAPTIVE),
+#                         default "f16 q8_0 turboq3 turboq3/turboq4:3 q8_0/turboq3 turboq4 q4_0"
 #   TURBOQ_FILTER         test-backend-ops -p regex for the turboq cases (default: turboq)
 #   JOBS                  build parallelism (default: nproc)
 set -uo pipefail
@@ -42,14 +47,16 @@ if [ "${1:-}" = "prepare" ]; then
     tar -C "$UP" -czf "$CARRY/upstream.tar.gz" \
         --exclude=.git --exclude=./docs --exclude='*.gguf' --exclude='*.png' --exclude='*.jpg' \
         --exclude='./tools/ui/node_modules' --exclude='./build*' .
-    for m in ${MODEL_CARRY:-$(ls "$HOME"/.cache/pyturbo/tiny-llama-hd128-*.gguf 2>/dev/null | head -n 1)}; do
+    for m in ${MODEL_CARRY:-}; do
         cp "$m" "$CARRY/"
     done
     # Gemma 3 270M (253 MB) does not fit the carry: take its GGUF header (metadata, vocabulary,
     # tensor table) and let the device fill the tensor data with zeros. Same shapes and types, so
     # the same kernels and the same throughput; the outputs are meaningless, which llama-bench ignores.
     gemma=$(python3 -m pyturbo model-path 2>/dev/null || true)
-    rm -f "$CARRY"/*.header
+    rm -f "$CARRY"/*.header "$CARRY"/*.size
+    # Llama-3.1-8B's shapes (head_dim 128, GQA 4), the model of the project's H200 table
+    python3 -m pyturbo.bench.zero_model "$CARRY"
     if [ -n "$gemma" ] && [ -f "$gemma" ]; then
         off=$(python3 -c 'import sys, gguf; print(gguf.GGUFReader(sys.argv[1]).data_offset)' "$gemma")
         head -c "$off" "$gemma" > "$CARRY/$(basename "$gemma" .gguf).header"
@@ -185,6 +192,7 @@ tbo get_rows-turboq -o GET_ROWS -p "$TQF"
 tbo cpy             -o CPY
 tbo cpy-turboq      -o CPY -p "$TQF"
 tbo fa-turboq       -o FLASH_ATTN_EXT -p "$TQF"
+GGML_CUDA_TURBOQ_FA=packed tbo fa-turboq-packed -o FLASH_ATTN_EXT -p "$TQF"
 
 # -- llama-bench
 MODELS=()
@@ -195,8 +203,7 @@ else
     [ -n "$m" ] && [ -f "$m" ] && MODELS+=("$m")
     for m in "$CARRY"/*.gguf; do [ -f "$m" ] && MODELS+=("$m"); done
 fi
-for h in "$CARRY"/*.header; do # zero-weight copies of models too big to carry (see prepare)
-    [ -f "$h" ] || continue
+for h in $(ls "$CARRY"/*.header 2>/dev/null | sort -r); do # zero-weight copies of models too big to carry (see prepare); llama-8b first
     z="$BDIR/$(basename "$h" .header)-zero-weights.gguf"
     if [ ! -f "$z" ]; then
         cp "$h" "$z" && truncate -s "$(cat "${h%.header}.size")" "$z"
@@ -210,27 +217,30 @@ DEPTHS=${BENCH_DEPTHS:-0,8192,32768}
 REPS=${BENCH_REPS:-2}
 for m in "${MODELS[@]}"; do
     base=$(basename "$m" .gguf)
-    for ty in ${BENCH_TYPES:-f16 q8_0 q4_0 turboq4 turboq3}; do
+    for cfg in ${BENCH_CONFIGS:-f16 q8_0 turboq3 turboq3/turboq4:3 q8_0/turboq3 turboq4 q4_0}; do
+        kv=${cfg%%:*}; mode=0
+        [ "$kv" != "$cfg" ] && mode=${cfg#*:}
+        ctk=${kv%%/*}; ctv=${kv#*/}
         budget=$(left)
         if [ "$budget" -lt 20 ]; then
-            say "SKIP llama-bench $base $ty: time budget spent ($(elapsed) s)"
+            say "SKIP llama-bench $base $cfg: time budget spent ($(elapsed) s)"
             continue
         fi
-        log="$OUT/bench-$base-$ty"
-        timeout "$budget" "$BIN/llama-bench" -m "$m" -ngl 99 -fa 1 -d "$DEPTHS" -r "$REPS" -ctk "$ty" -ctv "$ty" -o md \
-            > "$log.md" 2> "$log.log"
+        log="$OUT/bench-$base-${ctk}-${ctv}-m${mode}"
+        TURBO_LAYER_ADAPTIVE=$mode timeout "$budget" "$BIN/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 64 -d "$DEPTHS" -r "$REPS" \
+            -ctk "$ctk" -ctv "$ctv" -o jsonl > "$log.jsonl" 2> "$log.log"
         rc=$?
         if [ "$rc" = 0 ]; then
-            say "bench $base $ty:"
-            grep -E "^\|" "$log.md" | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
-            grep -E "^\|" "$log.md" | sed 's/^/    /'
+            say "bench $base $cfg: $(python3 "$ROOT/pyturbo/bench/ratio_table.py" --one "$log.jsonl" 2>/dev/null)"
         else
-            say "FAIL llama-bench $base $ty: rc=$rc (see $(basename "$log").log)"
+            say "FAIL llama-bench $base $cfg: rc=$rc (see $(basename "$log").log)"
             tail -n 5 "$log.log" | sed 's/^/    /' | tee -a "$SUMMARY"
             FAIL=1
         fi
     done
 done
+# one table of ratios to f16 per model, from this run's jsonl files
+python3 "$ROOT/pyturbo/bench/ratio_table.py" "$OUT" >> "$SUMMARY" 2>&1 || say "(no ratio table: python3 or the jsonl files missing)"
 
 say "done in $(elapsed) s: $([ "$FAIL" = 0 ] && echo PASS || echo FAIL)"
 exit "$FAIL"

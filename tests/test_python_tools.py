@@ -192,3 +192,39 @@ def test_gguf_metadata_agrees_with_the_gguf_reader(gemma):
                 assert meta[key] is None
             else:
                 assert meta[key] == pytest.approx(f.contents()), key
+
+
+def test_zero_weight_header_has_the_8b_shapes(tmp_path):
+    """The GPU bench's zero-weight model: the header plus zeros is a whole GGUF with Llama-3.1-8B's shapes."""
+    import gguf
+    from pyturbo.bench.zero_model import LLAMA_8B, write_header
+    header, size = write_header(LLAMA_8B, tmp_path)
+    assert int(header.with_suffix(".size").read_text()) == size
+    model = tmp_path / "zero.gguf"
+    model.write_bytes(header.read_bytes())
+    subprocess.run(["truncate", "-s", str(size), str(model)], check=True)
+    r = gguf.GGUFReader(str(model))
+    assert r.data_offset % 32 == 0 and r.data_offset >= header.stat().st_size
+    assert len(r.tensors) == 2 + 9 * 32 + 1
+    end = max(t.data_offset + t.n_bytes for t in r.tensors)
+    assert size - 32 < end <= size
+    k = next(t for t in r.tensors if t.name == "blk.31.attn_k.weight")
+    assert list(k.shape) == [4096, 1024] and k.tensor_type == gguf.GGMLQuantizationType.Q4_K
+    kv = {f.name: f.contents() for f in r.fields.values() if f.name.startswith("llama.")}
+    assert kv["llama.block_count"] == 32 and kv["llama.attention.head_count_kv"] == 8
+    assert len(r.fields["tokenizer.ggml.tokens"].data) == 128256
+
+
+def test_ratio_table_from_llama_bench_jsonl(tmp_path):
+    script = ROOT / "pyturbo" / "bench" / "ratio_table.py"
+    rows = {"f16-f16-m0": (100.0, 50.0), "turboq3-turboq4-m3": (95.0, 60.0)}
+    for name, (pp, tg) in rows.items():
+        (tmp_path / f"bench-llama-8b-shape-{name}.jsonl").write_text(
+            json.dumps({"n_prompt": 512, "n_gen": 0, "n_depth": 8192, "avg_ts": pp}) + "\n" +
+            json.dumps({"n_prompt": 0, "n_gen": 64, "n_depth": 8192, "avg_ts": tg}) + "\n")
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert "| K/V | pp512 @ d8192 | tg64 @ d8192 |" in out
+    assert "| turboq3/turboq4 mode 3 | 95.0 (0.95x) | 60.0 (1.20x) |" in out
+    one = subprocess.run([sys.executable, str(script), "--one", str(tmp_path / "bench-llama-8b-shape-f16-f16-m0.jsonl")],
+                         capture_output=True, text=True, check=True).stdout
+    assert one.strip() == "pp512 @ d8192: 100.0  tg64 @ d8192: 50.0"

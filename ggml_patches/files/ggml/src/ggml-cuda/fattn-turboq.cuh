@@ -7,20 +7,23 @@
 // K and V are each one of f16, q8_0, turboq2/3/4/8 (at least one of them turboq), head size
 // D = 128 or 256 for both.
 //
-// One kernel serves decode and prefill: a block of 4 warps handles `ncols` (query, head) columns
-// (ncols2 heads of one GQA group x ncols/ncols2 queries) over a slice of the KV sequence,
-// TQ_FA_CHUNK tokens at a time (one warp per token: lane l holds head dims 32*k + l). The KV
-// sequence is split over blocks when the (queries x heads) grid alone cannot fill the GPU; the
-// combine kernel merges the slices (online softmax), adds the sinks, divides by the sum, rotates
-// V back and writes dst. Temporary memory: nsplit * n_rows * (D + 2) floats, n_rows = the number
-// of output rows (n_q * n_head * n_seq); nsplit = 1 when the grid is already large (prefill).
+// This kernel serves decode and batches of up to TQ_FA_PACKED_MAX_BATCH queries (larger ones
+// convert K/V to f16 for the mainline tensor-core kernels, see turboq.cuh). A block of 4 warps
+// handles `ncols` (query, head) columns (ncols2 heads of one GQA group x ncols/ncols2 queries)
+// over a slice of the KV sequence, TQ_FA_CHUNK tokens at a time (one warp per token: lane l
+// holds head dims 32*k + l). The KV sequence is split over blocks until the grid fills the GPU's
+// resident-block slots; the combine kernel merges the slices (online softmax), adds the sinks,
+// divides by the sum, rotates V back and writes dst. Temporary memory: nsplit * n_rows * (D + 2)
+// floats, n_rows = the number of output rows (n_q * n_head * n_seq).
 #pragma once
 
 #include "common.cuh"
 #include "turboq-device.cuh"
 
 #define TQ_FA_NWARPS 4
-#define TQ_FA_CHUNK  128
+// 32 tokens per chunk (8 per warp): a short context still splits into enough blocks to fill
+// the GPU (at n_kv = 256, 8 slices per KV head).
+#define TQ_FA_CHUNK  32
 
 struct tq_fa_params {
     const char  * Q;
@@ -410,13 +413,23 @@ static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_
     const int gy = p.ne02 / p.ncols2;
     const int64_t blocks = (int64_t) gx*gy*p.ne03;
 
-    // split the KV sequence while the grid alone is smaller than ~2 waves
-    const int nsm = ggml_cuda_info().devices[ggml_cuda_get_device()].nsm;
+    // Split the KV sequence until the grid fills every SM with as many resident blocks as fit:
+    // a warp walks its tokens one dependent load after another, so at depth the kernel is bound
+    // by memory latency, and only more warps in flight hide it.
+    const int device = ggml_cuda_get_device();
+    const int nsm    = ggml_cuda_info().devices[device].nsm;
+    static int blocks_per_sm[GGML_CUDA_MAX_DEVICES] = {0}; // per instance and device, asked once
+    if (blocks_per_sm[device] == 0) {
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm[device],
+            tq_flash_attn_ext<D, ncols, type_K, type_V>, TQ_FA_NWARPS*WARP_SIZE, 0));
+        blocks_per_sm[device] = std::max(2, blocks_per_sm[device]);
+    }
+    const int64_t resident = (int64_t) blocks_per_sm[device]*nsm;
     const int n_kv = (int) K->ne[1];
-    const int max_split = std::max(1, n_kv / (2*TQ_FA_CHUNK));
+    const int max_split = std::max(1, n_kv / TQ_FA_CHUNK);
     int nsplit = 1;
-    if (blocks < 2*nsm) {
-        nsplit = (int) std::min<int64_t>(max_split, (2*nsm + blocks - 1) / blocks);
+    if (blocks < resident) {
+        nsplit = (int) std::min<int64_t>(max_split, (resident + blocks - 1) / blocks);
     }
     nsplit = std::min(nsplit, 65535 / std::max(1, p.ne03));
     int kv_per_split = (n_kv + nsplit - 1) / nsplit;

@@ -6,6 +6,8 @@
 #include "fattn-turboq.cuh"
 #include "convert.cuh"
 
+#include <cstring>
+
 #define TQ_WARPS_PER_BLOCK 4
 
 // ---- quantization ----
@@ -357,6 +359,30 @@ void (*ggml_cuda_turboq_get_to_fp16(ggml_type type))(const void * x, half * y, i
     }
 }
 
+// Strided source (a KV-cache view whose streams are not adjacent): s01..s03 count blocks, as in
+// convert.cu's non-contiguous converters; y is contiguous.
+template <ggml_type type>
+static void tq_to_fp16_nc(const void * x, half * y, const int64_t ne00, const int64_t ne01, const int64_t ne02, const int64_t ne03,
+        const int64_t s01, const int64_t s02, const int64_t s03, cudaStream_t stream) {
+    GGML_ASSERT(ne00 % TURBOQ_GROUP == 0);
+    const int64_t bs = sizeof(typename tq_traits<type>::block);
+    const tq_nd s = { ne00, ne01, ne02, bs, s01*bs, s02*bs, s03*bs };
+    const int64_t h = sizeof(half);
+    const tq_nd d = { ne00, ne01, ne02, h, h*ne00, h*ne00*ne01, h*ne00*ne01*ne02 };
+    tq_dequantize_launch<type, half>(x, y, ne00*ne01*ne02*ne03 / TURBOQ_GROUP, s, d, stream);
+}
+
+void (*ggml_cuda_turboq_get_to_fp16_nc(ggml_type type))(const void * x, half * y,
+        int64_t ne00, int64_t ne01, int64_t ne02, int64_t ne03, int64_t s01, int64_t s02, int64_t s03, cudaStream_t stream) {
+    switch (type) {
+        case GGML_TYPE_TURBOQ2_0: return tq_to_fp16_nc<GGML_TYPE_TURBOQ2_0>;
+        case GGML_TYPE_TURBOQ3_0: return tq_to_fp16_nc<GGML_TYPE_TURBOQ3_0>;
+        case GGML_TYPE_TURBOQ4_0: return tq_to_fp16_nc<GGML_TYPE_TURBOQ4_0>;
+        case GGML_TYPE_TURBOQ8_0: return tq_to_fp16_nc<GGML_TYPE_TURBOQ8_0>;
+        default:                  return nullptr;
+    }
+}
+
 // ---- flash attention dispatch ----
 
 #define TQ_FA_FOR_V_TQ(X, D, type_K)       \
@@ -426,6 +452,36 @@ bool ggml_cuda_turboq_fa_supported(const ggml_tensor * dst) {
         return false;
     }
     return true;
+}
+
+// Debug switch GGML_CUDA_TURBOQ_FA: "packed" or "f16" forces one path (for A/B benches).
+static int tq_fa_forced_path() {
+    static const int forced = [] {
+        const char * e = getenv("GGML_CUDA_TURBOQ_FA");
+        if (e == nullptr || *e == '\0') {
+            return 0;
+        }
+        if (strcmp(e, "packed") == 0) {
+            return 1;
+        }
+        if (strcmp(e, "f16") == 0) {
+            return 2;
+        }
+        GGML_LOG_WARN("%s: GGML_CUDA_TURBOQ_FA=%s is neither 'packed' nor 'f16'; ignored\n", __func__, e);
+        return 0;
+    }();
+    return forced;
+}
+
+bool ggml_cuda_turboq_fa_prefers_packed(const ggml_tensor * dst) {
+    // Decode and small batches read the packed blocks once per (query group, KV slice), at a
+    // fraction of f16's bytes. A batch of more queries is compute-bound: converting K/V to f16
+    // once and running the tensor-core kernels costs less than the scalar dot products.
+    switch (tq_fa_forced_path()) {
+        case 1:  return true;
+        case 2:  return false;
+        default: return dst->src[0]->ne[1] <= TQ_FA_PACKED_MAX_BATCH;
+    }
 }
 
 void ggml_cuda_turboq_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
