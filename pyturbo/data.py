@@ -93,6 +93,35 @@ def corpus() -> Path:
     return target
 
 
+def pydoc_corpus() -> Path:
+    """Python's own help topics (pydoc_data.topics, ~460 KB of technical English and code): a text
+    on every machine, unrelated to botchan, for quality measured on more than one corpus."""
+    import platform
+    import pydoc_data.topics as topics
+    target = cache_dir() / f"pydoc-topics-{platform.python_version()}.txt"
+    if not target.exists():
+        text = "\n\n".join(topics.topics[k] for k in sorted(topics.topics))
+        tmp_target = target.with_suffix(".tmp")
+        tmp_target.write_text(text, encoding="utf-8")
+        tmp_target.replace(target)
+    return target
+
+
+CORPORA = {"botchan": corpus, "pydoc": pydoc_corpus}
+
+
+def corpus_path(text: str | Path | None) -> Path:
+    """A text from a path or a short name (botchan, pydoc); None: botchan."""
+    if text is None:
+        return corpus()
+    if str(text) in CORPORA:
+        return CORPORA[str(text)]()
+    path = Path(text)
+    if not path.is_file():
+        raise ValueError(f"text {str(text)!r}: not a file and not one of {', '.join(CORPORA)}")
+    return path
+
+
 def corpus_slice(n_chars: int, name: str | None = None) -> Path:
     """The first n_chars characters of botchan.txt as a file of its own."""
     target = cache_dir() / (name or f"botchan-{n_chars}.txt")

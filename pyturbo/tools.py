@@ -24,6 +24,8 @@ class PerplexityResult:
     ppl: float
     kld: float | None = None
     kld_err: float | None = None
+    kld_median: float | None = None
+    kld_p999: float | None = None  # the 99.9th percentile of the per-token KLD
     same_top: float | None = None
     kv_mib: float | None = None
     log: str = ""
@@ -39,14 +41,16 @@ def kv_mib(log: str) -> float:
 
 def llama_perplexity(model: Path, text: Path, type_k: str = "f16", type_v: str = "f16", ctx: int = 512,
                chunks: int | None = None, threads: int = 2, kld_base: Path | None = None,
-               write_base: bool = False, extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> PerplexityResult:
-    args = ["-m", str(model), "-f", str(text), "-c", str(ctx), "-b", str(ctx), "-fa", "on", "-t", str(threads),
+               write_base: bool = False, extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
+               batch: int | None = None, timeout: float = 1800) -> PerplexityResult:
+    """batch: llama-perplexity's -b (default ctx; a long context may take it in several batches)."""
+    args = ["-m", str(model), "-f", str(text), "-c", str(ctx), "-b", str(batch or ctx), "-fa", "on", "-t", str(threads),
             "-ctk", type_k, "-ctv", type_v, "-lv", "4"]
     if chunks:
         args += ["--chunks", str(chunks)]
     if kld_base is not None:
         args += (["--kl-divergence-base", str(kld_base)] if write_base else ["--kl-divergence-base", str(kld_base), "--kl-divergence"])
-    r = run_tool("llama-perplexity", *args, *extra, env=env)
+    r = run_tool("llama-perplexity", *args, *extra, env=env, timeout=timeout)
     log = r.stdout + r.stderr
     res = PerplexityResult(ppl=float("nan"), log=log, kv_mib=kv_mib(log))
     m = re.search(r"Final estimate: PPL = ([\d.]+)", log) or re.search(r"Mean PPL\(Q\)\s*:\s*([\d.]+)", log)
@@ -58,6 +62,12 @@ def llama_perplexity(model: Path, text: Path, type_k: str = "f16", type_v: str =
     m = re.search(r"Mean +KLD:\s*([-\d.]+)\s*±\s*([\d.]+)", log)
     if m:
         res.kld, res.kld_err = float(m.group(1)), float(m.group(2))
+    m = re.search(r"Median +KLD:\s*([-\d.]+)", log)
+    if m:
+        res.kld_median = float(m.group(1))
+    m = re.search(r"99\.9% +KLD:\s*([-\d.]+)", log)
+    if m:
+        res.kld_p999 = float(m.group(1))
     m = re.search(r"Same top p:\s*([\d.]+)", log)
     if m:
         res.same_top = float(m.group(1))

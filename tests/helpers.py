@@ -130,3 +130,19 @@ def causal_mask(n_q: int, n_kv: int, hidden_prefix: int, hidden_row: int | None)
     if hidden_row is not None:
         m[hidden_row] = -np.inf
     return m
+
+
+# ---- saved state: the turboq K records (llama-turboq.cpp) ----
+
+K_RECORD = b"TQKS"           # per turboq-K layer: magic, n (uint32), n floats: the mean, then the channel scale
+K_RECORDS_EARLIER = (b"TQKC", b"TQKM")  # earlier builds' records: a mean only
+
+
+def k_records(state: bytes) -> list[tuple[int, np.ndarray]]:
+    """(offset of the magic, the record's floats) for every K record of a saved state."""
+    out, i = [], state.find(K_RECORD)
+    while i >= 0:
+        n = int.from_bytes(state[i + 4:i + 8], "little")
+        out.append((i, np.frombuffer(bytes(state[i + 8:i + 8 + 4 * n]), np.float32)))
+        i = state.find(K_RECORD, i + 8 + 4 * n)
+    return out

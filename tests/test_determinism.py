@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pyturbo import data
-from helpers import free_port, post, server_cmd, start, stop, wait_healthy
+from helpers import free_port, k_records, post, server_cmd, start, stop, wait_healthy
 
 QUESTION = "The capital of France is"
 OTHERS = ["Ever since I was a child,", "1, 2, 3, 4, 5,", "The recipe calls for"]
@@ -132,12 +132,7 @@ def test_layer_mode_and_batch_size_do_not_change_the_mean(Llama):
         llm = make(Llama, "turboq3", "turboq3", **kw)
         llm.eval(llm.tokenize(QUESTION.encode()))
         raw = bytes(llm.save_state().llama_state)
-        out, i = [], raw.find(b"TQKC")
-        while i >= 0:
-            n = int.from_bytes(raw[i + 4:i + 8], "little")
-            out.append(raw[i + 8:i + 8 + 4 * n])
-            i = raw.find(b"TQKC", i + 8)
-        return out
+        return [rec.tobytes() for _, rec in k_records(raw)]
 
     base = mean_records()
     assert len(base) == 18 and all(np.any(np.frombuffer(m, np.float32)) for m in base)  # Gemma 3 270M: 18 layers

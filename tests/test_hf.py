@@ -225,7 +225,8 @@ def test_smollm2_head_dim_64(build_info):
 
 
 # The cross-check: the same 4 chunks of 512 tokens, llama-perplexity's scheme (the second half of
-# each chunk scored), f16 and turboq3 K/V in both implementations.
+# each chunk scored), f16 and turboq3 K/V in both implementations (llama.cpp without its K channel
+# scale, which the transformers cache does not have).
 # - f16: transformers runs the dequantized weights in f32, llama.cpp the Q4_K_M matmuls: within 2%.
 # - the relative PPL increase of turboq3 over f16 differs between the two by at most
 #   INCREASE_TOL. Both run the same codec on slightly different K/V (the weights differ), so their
@@ -243,7 +244,9 @@ def test_ppl_cross_check_with_llama_cpp(gemma_lm):
     text = data.corpus_slice(12000)
     hf = {t: hf_perplexity(gemma_lm, text.read_text(encoding="utf-8"), t, t, max_length=512, stride=512,
                            score_from=257, max_tokens=chunks * 512, show_progress=False).ppl for t in ("f16", "turboq3")}
-    cpp = {t: llama_perplexity(gemma_lm.gguf, text, t, t, ctx=512, chunks=chunks, threads=2).ppl for t in ("f16", "turboq3")}
+    # the same scheme on both sides: the transformers cache centers K but has no channel scale
+    cpp = {t: llama_perplexity(gemma_lm.gguf, text, t, t, ctx=512, chunks=chunks, threads=2,
+                               env={"TURBOQ_K_BALANCE": "0"}).ppl for t in ("f16", "turboq3")}
     inc_hf, inc_cpp = hf["turboq3"] / hf["f16"] - 1, cpp["turboq3"] / cpp["f16"] - 1
     print(f"f16 PPL: transformers {hf['f16']:.3f}, llama.cpp {cpp['f16']:.3f}; turboq3: {hf['turboq3']:.3f}, "
           f"{cpp['turboq3']:.3f}; increase {inc_hf:+.2%} vs {inc_cpp:+.2%} (tolerance {INCREASE_TOL:.3f})")

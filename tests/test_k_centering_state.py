@@ -14,6 +14,7 @@ import os
 import numpy as np
 import pytest
 
+from helpers import K_RECORD, k_records
 from pyturbo import data
 
 N_CTX = 256
@@ -178,20 +179,31 @@ def saved_with_mean(lc, model) -> tuple[bytearray, int, int]:
     a = Ctx(lc, model, "turboq3")
     a.eval(0, prompt)
     state = bytearray(a.save(0))
-    magic = state.find(b"TQKC")
+    magic = state.find(K_RECORD)
     assert magic > 0
     return state, magic, len(prompt)
 
 
+def _bump(st: bytearray, at: int) -> None:
+    st[at:at + 4] = (np.frombuffer(bytes(st[at:at + 4]), np.float32) + np.float32(1e-3)).tobytes()
+
+
+def _scale_at(st: bytearray, at: int) -> int:
+    """The offset of the record's first channel scale (the second half of its floats)."""
+    return at + 8 + 4 * (int.from_bytes(st[at + 4:at + 8], "little") // 2)
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda st, at: st.__setitem__(slice(at + 8, at + 12), np.array([np.nan], np.float32).tobytes()), "not finite"),
-    (lambda st, at: st.__setitem__(slice(at + 8, at + 12), (np.frombuffer(bytes(st[at + 8:at + 12]), np.float32)
-                                                            + np.float32(1e-3)).tobytes()), "not this cache's"),
+    (lambda st, at: _bump(st, at + 8), "not this cache's"),
+    (lambda st, at: _bump(st, _scale_at(st, at)), "not this cache's"),
+    (lambda st, at: st.__setitem__(slice(at, at + 4), b"TQKC"), "earlier build"),
     (lambda st, at: st.__setitem__(slice(at, at + 4), b"TQKM"), "earlier build"),
-], ids=["not-finite", "another-mean", "first-request-mean"])
+], ids=["not-finite", "another-mean", "another-scale", "mean-only-record", "first-request-mean"])
 def test_state_with_another_mean_is_refused(lc, model, change, message):
-    """A corrupt mean, another model's or build's mean, and the record of the build whose mean
-    came from the first request (it cannot be re-centered exactly) are refused with a message."""
+    """A corrupt mean, another model's or build's mean or channel scale, and the records of earlier
+    builds (a mean only; a mean from the first request) are refused with a message: their rows
+    cannot be re-encoded exactly."""
     state, magic, n_pos = saved_with_mean(lc, model)
     change(state, magic)
     b = Ctx(lc, model, "turboq3")
@@ -209,7 +221,36 @@ def test_the_mean_is_the_models_not_the_requests(lc, model):
         c = Ctx(lc, model, "turboq3")
         c.eval(1, first)
         c.eval(0, prompt)
-        st = c.save(0)
-        at = st.find(b"TQKC")
-        states.append(st[at:at + 8 + 4 * int.from_bytes(st[at + 4:at + 8], "little")])
-    assert states[0] == states[1]
+        states.append([rec.tobytes() for _, rec in k_records(c.save(0))])
+    assert states[0] and states[0] == states[1]
+
+
+def test_channel_scale_is_per_rope_pair_and_off_with_the_debug_switch(lc, gemma, monkeypatch):
+    """Gemma 3 (NEOX RoPE over all 256 channels, one KV head): each record is the mean, then a
+    channel scale that is equal on the two channels of a RoPE pair and has a geometric mean of 1.
+    With TURBOQ_K_BALANCE=0 (a fresh model load calibrates again) the scale is all ones and the
+    mean is unchanged."""
+    def records(m) -> list[np.ndarray]:
+        c = Ctx(lc, m, "turboq3")
+        c.eval(0, prompts(lc, m)[0])
+        recs = [rec for _, rec in k_records(c.save(0))]
+        del c
+        return recs
+
+    on = records(gemma)
+    assert len(on) == 18
+    for rec in on:
+        mu, s = rec[:256], rec[256:]
+        assert len(rec) == 512 and np.isfinite(rec).all() and (s > 0).all()
+        np.testing.assert_array_equal(s[:128], s[128:])
+        assert abs(np.log(s.astype(np.float64)).mean()) < 1e-5
+        assert s.max() / s.min() > 1.5  # Q and K energies differ across channels: the scale does something
+    monkeypatch.setenv("TURBOQ_K_BALANCE", "0")
+    m = load(lc, data.default_model())
+    try:
+        off = records(m)
+    finally:
+        lc.llama_model_free(m)
+    for a, b in zip(on, off):
+        np.testing.assert_array_equal(b[256:], np.ones(256, np.float32))
+        np.testing.assert_array_equal(b[:256], a[:256])

@@ -41,6 +41,8 @@ def gemma_runs(gemma, short_text, tmp_path_factory):
         out[t] = perplexity(gemma, short_text, t, t, ctx=256, chunks=6, kld_base=base)
     out["turboq3 uncentered"] = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=6, kld_base=base,
                                            env={"TURBOQ_K_CENTER": "0"})
+    out["turboq3 unscaled"] = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=6, kld_base=base,
+                                         env={"TURBOQ_K_BALANCE": "0"})
     for t, r in out.items():
         print(f"gemma3-270m c=256 x6 {t:8s} PPL {r.ppl:8.3f}  KLD {r.kld}  KV {r.kv_mib:.2f} MiB")
     return out
@@ -64,10 +66,22 @@ def test_gemma_quality_per_bit_against_mainline(gemma_runs):
     if K centering (or anything else that earns them) is lost."""
     kld = {t: r.kld for t, r in gemma_runs.items() if t != "f16"}
     err = {t: r.kld_err for t, r in gemma_runs.items() if t != "f16"}
-    assert kld["turboq4"] <= 0.9 * kld["q4_0"]                      # 4.25 bpw beats 4.5 bpw
+    # measured (this build, c=256 x 6): turboq4 0.38x q4_0, turboq3 1.25x q4_0, turboq3 0.31x
+    # uncentered, 0.53x without the channel scale
+    assert kld["turboq4"] <= 0.6 * kld["q4_0"]                      # 4.25 bpw beats 4.5 bpw
     assert kld["turboq8"] <= kld["q8_0"] + 2 * err["q8_0"]          # 8.125 bpw no worse than 8.5
-    assert kld["turboq3"] <= 0.7 * kld["turboq3 uncentered"]        # centering: measured about 0.45x
-    assert kld["turboq3"] <= 2.5 * kld["q4_0"]                      # 3.125 bpw within 2.5x of 4.5 bpw
+    assert kld["turboq3"] <= 0.5 * kld["turboq3 uncentered"]        # centering and channel scale
+    assert kld["turboq3"] <= 0.75 * kld["turboq3 unscaled"]         # the channel scale alone
+    assert kld["turboq3"] <= 1.6 * kld["q4_0"]                      # 3.125 bpw near 4.5 bpw
+
+
+def test_kld_median_and_p999_are_read(gemma_runs):
+    # per-token KLD is right-skewed: median < mean < 99.9th percentile, for every cache type
+    for t, r in gemma_runs.items():
+        if t != "f16":
+            assert r.kld_median is not None and r.kld_p999 is not None, t
+            assert 0 <= r.kld_median < r.kld < r.kld_p999, (t, r.kld_median, r.kld, r.kld_p999)
+    assert gemma_runs["turboq2"].kld_p999 > gemma_runs["q8_0"].kld_p999
 
 
 def test_kv_buffer_matches_block_sizes(gemma_runs):

@@ -228,3 +228,38 @@ def test_ratio_table_from_llama_bench_jsonl(tmp_path):
     one = subprocess.run([sys.executable, str(script), "--one", str(tmp_path / "bench-llama-8b-shape-f16-f16-m0.jsonl")],
                          capture_output=True, text=True, check=True).stdout
     assert one.strip() == "pp512 @ d8192: 100.0  tg64 @ d8192: 50.0"
+
+
+def test_needle_prompts_are_exact_and_repeatable(gemma):
+    from pyturbo.bench.needle import MAX_NEW, QUESTION, _hit, make_probes
+    from pyturbo.llama import Llama
+    tok = Llama(str(gemma), vocab_only=True, verbose=False)
+    try:
+        text = data.corpus().read_text(encoding="utf-8")
+        probes = make_probes(tok, text, [1024, 2048], [0.1, 0.9], trials=2)
+        assert make_probes(tok, text, [1024, 2048], [0.1, 0.9], trials=2) == probes
+        assert len(probes) == 8 and len({p.number for p in probes}) == 8
+        q = tok.tokenize(QUESTION.encode(), add_bos=False, special=False)
+        for p in probes:
+            assert len(p.tokens) == p.ctx - MAX_NEW - 1
+            assert list(p.tokens[-len(q):]) == q
+            body = tok.detokenize(list(p.tokens)).decode("utf-8", "replace")
+            at = body.index(f"The secret number is {p.number}.")
+            assert abs(at / len(body) - p.depth) < 0.05, (p.ctx, p.depth, at / len(body))
+        # trials read the filler from different offsets
+        a, b = (p for p in probes if p.ctx == 1024 and p.depth == 0.1)
+        assert a.tokens[1:50] != b.tokens[1:50]
+    finally:
+        tok.close()
+    assert _hit(" 48213.\n", "48213") and _hit(" 48,213", "48213")
+    assert not _hit(" 4821", "48213") and not _hit(" 1000000", "48213") and not _hit("\n48213", "48213")
+
+
+def test_bench_needle_table(build_info):
+    r = subprocess.run([sys.executable, "-m", "pyturbo", "bench", "needle", "--ctx", "1024", "--depths", "0.5",
+                        "--trials", "1", "--types", "f16", "turboq8"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    assert lines[0] == "| K/V | 1k @ 50% | hits | same answers as f16 |"
+    assert lines[1] == "| f16 | 1/1 | 1/1 | 1/1 |"          # measured: Gemma 3 270M finds it at 1k
+    assert lines[2].startswith("| turboq8 | ")

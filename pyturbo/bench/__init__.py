@@ -4,14 +4,16 @@
 - `quality`, `speed`: llama-perplexity and llama-bench tables per cache type (`bench.cpu`);
 - `serve`: concurrent clients against `python -m server`, aggregate tokens/s by --parallel, and
   the KV memory that llama-server reports (`bench.serve`);
-- `hf`: transformers' TurboQuantCache against DynamicCache, bytes held and decode tokens/s (`bench.hf`).
+- `hf`: transformers' TurboQuantCache against DynamicCache, bytes held and decode tokens/s (`bench.hf`);
+- `needle`: retrieval of a number hidden in long filler, a hit table per cache type (`bench.needle`).
 """
 from __future__ import annotations
 
 
 def add_parsers(sub) -> None:
-    from . import cpu, hf, matrix, serve
+    from . import cpu, hf, matrix, needle, serve
     matrix.add_parser(sub)
     cpu.add_parsers(sub)
+    needle.add_parsers(sub)
     serve.add_parsers(sub)
     hf.add_parsers(sub)

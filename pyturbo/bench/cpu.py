@@ -1,7 +1,9 @@
 """`pyturbo bench quality|speed`: llama-perplexity and llama-bench tables, ratios measured in one run.
 
-  pyturbo bench quality [--chunks 20] [--types f16 q4_0 turboq3/turboq4:3 ...]
-                                                          # PPL, mean KLD vs f16, KV MiB (Gemma 3 270M, botchan, c=512)
+  pyturbo bench quality [--model M] [--text botchan|pydoc|FILE] [--ctx 512] [--chunks N]
+                        [--types f16 q4_0 turboq3/turboq4:3 ...]
+                                                          # PPL, KLD vs f16 (mean, median, p99.9), same top
+                                                          # token, KV MiB (default: Gemma 3 270M, botchan, c=512)
   pyturbo bench speed [--threads 1] [--reps 2] # llama-bench pp512, pp2048, tg64; pp512/tg32 at depth 4096;
                                                           # tg32 at depth 16384: ratios to f16
 
@@ -31,13 +33,15 @@ SPEED_TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3", "q8_0/turboq3", "tur
 SPEED_RUNS = [["-p", "512,2048", "-n", "64"], ["-p", "512", "-n", "32", "-d", "4096"], ["-p", "0", "-n", "32", "-d", "16384"]]
 
 
-OPTIONS = {"uncentered": {"TURBOQ_K_CENTER": "0"},  # K centering off
+OPTIONS = {"uncentered": {"TURBOQ_K_CENTER": "0"},  # K centering (and its channel scale) off
+           "unscaled": {"TURBOQ_K_BALANCE": "0"},    # K centering without the channel scale
            "onerow": {"TURBOQ_FA_TILED": "0"}}       # CPU flash attention without the quantized tiled path
 
 
 def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
     """'t' (K = V = t), 'k/v', plus ':LA' for a TURBO_LAYER_ADAPTIVE mode, ':uncentered'
-    (TURBOQ_K_CENTER=0) or ':onerow' (TURBOQ_FA_TILED=0): (label, K, V, environment)."""
+    (TURBOQ_K_CENTER=0), ':unscaled' (TURBOQ_K_BALANCE=0) or ':onerow' (TURBOQ_FA_TILED=0):
+    (label, K, V, environment)."""
     spec, _, opt = c.partition(":")
     k, _, v = spec.partition("/")
     v = v or k
@@ -61,30 +65,46 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str]) -> float:
 
 def quality(args: argparse.Namespace) -> None:
     args.types = quality_types(args.types)
-    model, text = data.default_model(), data.corpus()
-    with tempfile.TemporaryDirectory() as tmp:
+    model, text = data.model_path(args.model), data.corpus_path(args.text)
+    chunks = args.chunks or max(1, 10240 // args.ctx)
+    batch = args.batch or min(args.ctx, 2048)
+    if args.ctx % batch:
+        raise SystemExit(f"--batch {batch} must divide --ctx {args.ctx} (llama-perplexity's rule)")
+    if args.ctx > 2048:
+        print(f"# the f16 logits base for the KLD is about {args.ctx // 2 * chunks * 4 * 262144 / 2**30:.1f} GiB "
+              "at Gemma's vocabulary (in a temporary directory)", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         base = Path(tmp) / "f16.kld"
         rows = []
         for c in args.types:
             label, k, v, env = parse_config(c)
-            r = llama_perplexity(model, text, k, v, ctx=512, chunks=args.chunks, threads=args.threads,
-                           kld_base=base, write_base=(c == "f16"), env=env)
+            r = llama_perplexity(model, text, k, v, ctx=args.ctx, batch=batch, chunks=chunks, threads=args.threads,
+                                 kld_base=base, write_base=(c == "f16"), env=env, timeout=6 * 3600)
             rows.append((label, config_bpw(kv_geometry(model).n_layer, k, v, env), r))
-            print(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} KV {r.kv_mib:.2f} MiB", file=sys.stderr, flush=True)
+            print(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} median {r.kld_median} p99.9 {r.kld_p999} "
+                  f"KV {r.kv_mib:.2f} MiB", file=sys.stderr, flush=True)
     f16_kv = rows[0][2].kv_mib
-    q4 = next((r.kld for label, _, r in rows if label == "q4_0"), None)
-    print(f"\nGemma 3 270M Q4_K_M, botchan.txt, c=512, {args.chunks} chunks, -fa on; K/V, ':N' = TURBO_LAYER_ADAPTIVE=N, "
-          "':uncentered' = TURBOQ_K_CENTER=0\n")
-    print("| K/V | bpw | PPL | mean KLD vs f16 | KLD vs q4_0 | same top token | KV MiB | KV vs f16 |")
-    print("|---|---|---|---|---|---|---|---|")
+    q4 = next((r for label, _, r in rows if label == "q4_0"), None)
+    print(f"\n{model.name}, {text.name}, c={args.ctx} (-b {batch}), {chunks} chunk(s) (the second half of each "
+          "scored), -fa on; KLD against the f16 cache; K/V, ':N' = TURBO_LAYER_ADAPTIVE=N, ':uncentered' = "
+          "TURBOQ_K_CENTER=0, ':unscaled' = TURBOQ_K_BALANCE=0\n")
+    print("| K/V | bpw | PPL | mean KLD | mean vs q4_0 | median KLD | p99.9 KLD | p99.9 vs q4_0 | same top token | KV MiB | KV vs f16 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def ratio(x: float | None, ref: float | None) -> str:
+        return f"{x / ref:.2f}x" if x is not None and ref else ""
+
+    def num(x: float | None, fmt: str) -> str:
+        return "missing" if x is None else format(x, fmt)
+
     for label, bpw, r in rows:
         if label == "f16":
-            kld, rel, top = "0", "", "100%"
-        else:
-            kld = "missing" if r.kld is None else f"{r.kld:.5f} ± {r.kld_err:.5f}"
-            rel = f"{r.kld / q4:.2f}x" if (q4 and r.kld is not None) else ""
-            top = "missing" if r.same_top is None else f"{r.same_top:.1f}%"
-        print(f"| {label} | {bpw:.3f} | {r.ppl:.3f} | {kld} | {rel} | {top} | {r.kv_mib:.2f} | {r.kv_mib / f16_kv:.4f} |")
+            print(f"| f16 | {bpw:.3f} | {r.ppl:.3f} | 0 | | 0 | 0 | | 100% | {r.kv_mib:.2f} | 1.0000 |")
+            continue
+        kld = "missing" if r.kld is None else f"{r.kld:.5f} ± {r.kld_err:.5f}"
+        print(f"| {label} | {bpw:.3f} | {r.ppl:.3f} | {kld} | {ratio(r.kld, q4 and q4.kld)} | {num(r.kld_median, '.5f')} "
+              f"| {num(r.kld_p999, '.4f')} | {ratio(r.kld_p999, q4 and q4.kld_p999)} | "
+              f"{'missing' if r.same_top is None else f'{r.same_top:.1f}%'} | {r.kv_mib:.2f} | {r.kv_mib / f16_kv:.4f} |")
 
 
 def bench_once(model: Path, config: str, threads: int, reps: int, extra: list[str]) -> dict[str, float]:
@@ -132,11 +152,17 @@ def speed(args: argparse.Namespace) -> None:
 
 
 def add_parsers(sub) -> None:
-    q = sub.add_parser("quality", help="PPL, mean KLD vs f16, KV MiB per cache type (llama-perplexity)")
-    q.add_argument("--chunks", type=int, default=20)
+    q = sub.add_parser("quality", help="PPL, KLD vs f16 (mean, median, p99.9), same top token, KV MiB per cache type "
+                                       "(llama-perplexity)")
+    q.add_argument("--model", help="a GGUF path or gemma3-270m / smollm2-135m (default: Gemma 3 270M)")
+    q.add_argument("--text", help="a text file, or botchan / pydoc (Python's help topics; default: botchan)")
+    q.add_argument("--ctx", type=int, default=512, help="context per chunk (default 512)")
+    q.add_argument("--batch", type=int, help="llama-perplexity -b (default: min(ctx, 2048))")
+    q.add_argument("--chunks", type=int, help="default: 20 at c=512, else as many as hold 10240 tokens (at least 1)")
     q.add_argument("--threads", type=int, default=2)
+    q.add_argument("--tmp", help="directory for the f16 logits base (GBs at long context; default: the system's)")
     q.add_argument("--types", nargs="+", default=QUALITY_TYPES,
-                   help="'t', 'k/v', plus ':N' (TURBO_LAYER_ADAPTIVE), ':uncentered' or ':onerow'")
+                   help="'t', 'k/v', plus ':N' (TURBO_LAYER_ADAPTIVE), ':uncentered', ':unscaled' or ':onerow'")
     q.set_defaults(func=quality)
     s = sub.add_parser("speed", help="llama-bench prompt and generation speed vs f16, interleaved rounds")
     s.add_argument("--threads", type=int, default=1)

@@ -199,8 +199,9 @@ void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_
 
 namespace {
 
-constexpr uint32_t K_MEAN_MAGIC     = 0x434b5154; // "TQKC": the calibrated mean
-constexpr uint32_t K_MEAN_MAGIC_OLD = 0x4d4b5154; // "TQKM": a mean fixed by the first write (before calibration)
+constexpr uint32_t K_MEAN_MAGIC       = 0x534b5154; // "TQKS": the calibrated mean and channel scale
+constexpr uint32_t K_MEAN_MAGIC_NOSC  = 0x434b5154; // "TQKC": a calibrated mean without the scale (earlier build)
+constexpr uint32_t K_MEAN_MAGIC_OLD   = 0x4d4b5154; // "TQKM": a mean fixed by the first write (before calibration)
 
 // Tokens of this text (the first CALIBRATION_TOKENS, the text repeated if it is shorter) are the
 // calibration input. It mixes prose, dialogue, code, numbers and another language, so that no
@@ -295,8 +296,9 @@ std::vector<llama_token> calibration_tokens(const llama_vocab * vocab, int n) {
     return toks;
 }
 
-// the mean of layer il's K over the cells of kv that hold tokens, in double; false when kv has no such layer
-bool cache_k_mean(const llama_kv_cache * kv, uint32_t il, std::vector<float> & out) {
+// the mean and the centered mean square of layer il's K per channel, over the cells of kv that hold
+// tokens, in double; false when kv has no such layer
+bool cache_k_moments(const llama_kv_cache * kv, uint32_t il, std::vector<double> & mean, std::vector<double> & var) {
     const std::vector<uint32_t> ids = kv->get_layer_ids();
     if (std::find(ids.begin(), ids.end(), il) == ids.end()) {
         return false;
@@ -308,6 +310,7 @@ bool cache_k_mean(const llama_kv_cache * kv, uint32_t il, std::vector<float> & o
     std::vector<uint8_t> raw(k->nb[1]);
     std::vector<float> row(n_embd);
     std::vector<double> sum(n_embd, 0.0);
+    std::vector<double> sum2(n_embd, 0.0);
     uint32_t n_rows = 0;
     for (uint32_t i = 0; i < cells.size(); ++i) {
         if (cells.is_empty(i)) {
@@ -316,18 +319,125 @@ bool cache_k_mean(const llama_kv_cache * kv, uint32_t il, std::vector<float> & o
         ggml_backend_tensor_get(k, raw.data(), (size_t) i*k->nb[1], raw.size());
         traits->to_float(raw.data(), row.data(), n_embd);
         for (int64_t j = 0; j < n_embd; ++j) {
-            sum[j] += row[j];
+            sum[j]  += row[j];
+            sum2[j] += (double) row[j]*row[j];
         }
         ++n_rows;
     }
     if (n_rows == 0) {
         return false;
     }
-    out.resize(n_embd);
+    mean.resize(n_embd);
+    var.resize(n_embd);
     for (int64_t j = 0; j < n_embd; ++j) {
-        out[j] = (float) (sum[j]/n_rows);
+        mean[j] = sum[j]/n_rows;
+        var[j]  = std::max(0.0, sum2[j]/n_rows - mean[j]*mean[j]);
     }
     return true;
+}
+
+// Q's mean square per layer and channel ([n_head][n_embd_head]), from the calibration graph's
+// post-RoPE "Qcur-<il>" tensors (the Q that attention reads)
+struct q_moments {
+    std::vector<std::vector<double>> sum2; // per layer: n_head*n_embd_head
+    std::vector<int64_t> n_head;
+    std::vector<int64_t> n_rows;
+    std::vector<float> buf;
+};
+
+bool collect_q(ggml_tensor * t, bool ask, void * user_data) {
+    const bool want = t->op == GGML_OP_ROPE && t->type == GGML_TYPE_F32 && std::strncmp(t->name, "Qcur-", 5) == 0;
+    if (ask || !want) {
+        return want;
+    }
+    auto * m = (q_moments *) user_data;
+    const int il = std::atoi(t->name + 5);
+    if (il < 0 || il >= (int) m->sum2.size() || !ggml_is_contiguous(t)) {
+        return true;
+    }
+    const int64_t d = t->ne[0], h = t->ne[1], n = ggml_nelements(t) / (d*h);
+    m->buf.resize((size_t) ggml_nelements(t));
+    ggml_backend_tensor_get(t, m->buf.data(), 0, ggml_nbytes(t));
+    auto & acc = m->sum2[il];
+    if (acc.empty()) {
+        acc.assign((size_t) (d*h), 0.0);
+        m->n_head[il] = h;
+    }
+    if (m->n_head[il] != h) {
+        return true;
+    }
+    for (int64_t r = 0; r < n; ++r) {
+        const float * x = m->buf.data() + r*d*h;
+        for (int64_t j = 0; j < d*h; ++j) {
+            acc[j] += (double) x[j]*x[j];
+        }
+    }
+    m->n_rows[il] += n;
+    return true;
+}
+
+bool k_balancing() {
+    const char * env = std::getenv("TURBOQ_K_BALANCE"); // debug: 0 turns the channel scale off
+    return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
+// The channel scale s of one layer (one value per K channel of every KV head): the cache stores
+// (k - mu)*s, attention reads it with q/s, so q.k is unchanged; the quantization error e (about
+// the same in every rotated coordinate) reaches the logit as sum q_c e_c / s_c. With a_c = E[q_c^2]
+// (over the KV head's query heads) and b_c = E[(k_c - mu_c)^2], s_c = (a_c/b_c)^(1/4) minimizes
+// that error's variance for a given ||s*(k - mu)||. RoPE turns each channel pair by the position,
+// so a pair shares one s (from its summed energy): the scale then commutes with RoPE and does not
+// drift with the position. Normalized to a geometric mean of 1 per head.
+std::vector<float> channel_scale(const llama_hparams & hp, uint32_t il, const std::vector<double> & q2, int64_t n_head,
+                                 int64_t q_rows, const std::vector<double> & kvar) {
+    const int64_t d    = hp.n_embd_head_k(il);
+    const int64_t n_kv = (int64_t) kvar.size() / d;
+    std::vector<float> s(kvar.size(), 1.0f);
+    // (MLA caches keep the rotary part after the rest, and their K is read as V too: no scale)
+    if (q2.empty() || q_rows == 0 || n_kv == 0 || n_head % n_kv != 0 || (int64_t) q2.size() != n_head*d || hp.n_lora_kv > 0) {
+        return s;
+    }
+    const int64_t gqa   = n_head / n_kv;
+    const int64_t n_rot = std::min<int64_t>(hp.n_rot(il), d);
+    const bool    neox  = hp.rope_type != LLAMA_ROPE_TYPE_NORM;
+    auto partner = [&](int64_t c) -> int64_t {
+        if (hp.rope_type == LLAMA_ROPE_TYPE_NONE || c >= n_rot) {
+            return c;
+        }
+        return neox ? (c < n_rot/2 ? c + n_rot/2 : c - n_rot/2) : (c ^ 1);
+    };
+    for (int64_t j = 0; j < n_kv; ++j) {
+        std::vector<double> a(d, 0.0), b(d, 0.0);
+        for (int64_t c = 0; c < d; ++c) {
+            for (int64_t g = 0; g < gqa; ++g) {
+                a[c] += q2[(j*gqa + g)*d + c];
+            }
+            a[c] /= (double) gqa*q_rows;
+            b[c]  = kvar[j*d + c];
+        }
+        double am = 0.0, bm = 0.0;
+        for (int64_t c = 0; c < d; ++c) {
+            am += a[c]/d;
+            bm += b[c]/d;
+        }
+        if (!(am > 0.0) || !(bm > 0.0)) {
+            continue;
+        }
+        std::vector<double> e(d);
+        double log_sum = 0.0;
+        for (int64_t c = 0; c < d; ++c) {
+            const int64_t p = partner(c);
+            const double ap = a[c] + (p != c ? a[p] : 0.0) + 1e-3*am;
+            const double bp = b[c] + (p != c ? b[p] : 0.0) + 1e-3*bm;
+            e[c] = std::min(1e3, std::max(1e-3, std::pow(ap/bp, 0.25)));
+            log_sum += std::log(e[c]);
+        }
+        const double norm = std::exp(log_sum/d);
+        for (int64_t c = 0; c < d; ++c) {
+            s[j*d + c] = (float) (e[c]/norm);
+        }
+    }
+    return s;
 }
 
 // the model's means from a calibration context; false (with the reason) when it cannot be run
@@ -360,6 +470,16 @@ bool run_calibration(llama_model & model, const llama_context_params & user, std
     cp.swa_full        = true; // every calibration token stays in every layer's cache
     cp.no_perf         = true;
 
+    const uint32_t n_layer = model.hparams.n_layer();
+    q_moments qm;
+    qm.sum2.resize(n_layer);
+    qm.n_head.assign(n_layer, 0);
+    qm.n_rows.assign(n_layer, 0);
+    if (k_balancing()) {
+        cp.cb_eval           = collect_q;
+        cp.cb_eval_user_data = &qm;
+    }
+
     llama_context * ctx = llama_init_from_model(&model, cp);
     if (!ctx) {
         why = "the calibration context could not be created";
@@ -387,14 +507,24 @@ bool run_calibration(llama_model & model, const llama_context_params & user, std
         why = "its memory is not a KV cache that calibration can read";
     }
 
-    const uint32_t n_layer = model.hparams.n_layer();
+    // per layer: the mean, then the channel scale (model.turboq_k_mean, see llama_turboq_load_k_mean)
     std::vector<std::vector<float>> means(n_layer);
     for (uint32_t il = 0; ok && il < n_layer; ++il) {
+        std::vector<double> mean, var;
         for (const auto * kv : caches) {
-            if (cache_k_mean(kv, il, means[il])) {
+            if (cache_k_moments(kv, il, mean, var)) {
                 break;
             }
         }
+        if (mean.empty()) {
+            continue;
+        }
+        const std::vector<float> sc = channel_scale(model.hparams, il, qm.sum2[il], qm.n_head[il], qm.n_rows[il], var);
+        means[il].reserve(2*mean.size());
+        for (double m : mean) {
+            means[il].push_back((float) m);
+        }
+        means[il].insert(means[il].end(), sc.begin(), sc.end());
     }
     llama_free(ctx);
     if (ok) {
@@ -447,7 +577,7 @@ void llama_turboq_calibrate_k_means(llama_model & model, const llama_context_par
 }
 
 ggml_tensor * llama_turboq_new_k_mean(ggml_context * ctx, int64_t n_embd_k_gqa, const char * tag, uint32_t il) {
-    ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n_embd_k_gqa);
+    ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 2*n_embd_k_gqa);
     ggml_format_name(t, "cache_%sk_mean_l%d", tag, il);
     return t;
 }
@@ -457,19 +587,42 @@ void llama_turboq_load_k_mean(const llama_model & model, ggml_tensor * k_mean, u
     if (il < model.turboq_k_mean.size() && model.turboq_k_mean[il].size() == n) {
         ggml_backend_tensor_set(k_mean, model.turboq_k_mean[il].data(), 0, n*sizeof(float));
     } else {
-        ggml_backend_tensor_memset(k_mean, 0, 0, n*sizeof(float));
+        // no centering: mu = 0, s = 1
+        std::vector<float> id(n, 0.0f);
+        std::fill(id.begin() + n/2, id.end(), 1.0f);
+        ggml_backend_tensor_set(k_mean, id.data(), 0, n*sizeof(float));
     }
 }
 
+static ggml_tensor * k_part(ggml_context * ctx, ggml_tensor * k_mean, int part) {
+    const int64_t n = ggml_nelements(k_mean)/2;
+    return ggml_view_1d(ctx, k_mean, n, part*n*ggml_element_size(k_mean));
+}
+
 ggml_tensor * llama_turboq_center_k(ggml_context * ctx, ggml_tensor * k_cur, ggml_tensor * k_mean) {
-    GGML_ASSERT(k_mean->ne[0] == k_cur->ne[0]);
-    return ggml_sub(ctx, k_cur, k_mean);
+    GGML_ASSERT(2*k_cur->ne[0] == k_mean->ne[0]);
+    return ggml_mul(ctx, ggml_sub(ctx, k_cur, k_part(ctx, k_mean, 0)), k_part(ctx, k_mean, 1));
+}
+
+ggml_tensor * llama_turboq_scale_q(ggml_context * ctx, ggml_tensor * q_cur, ggml_tensor * k_mean) {
+    // q [n_embd_head, n_head, n_tokens] as [n_embd_head, gqa, n_head_kv, n_tokens]: query head h reads KV head h/gqa
+    const int64_t d    = q_cur->ne[0];
+    const int64_t n_kv = ggml_nelements(k_mean)/2/d;
+    GGML_ASSERT(n_kv > 0 && q_cur->ne[1] % n_kv == 0 && q_cur->ne[3] == 1);
+    if (!ggml_is_contiguous(q_cur)) {
+        q_cur = ggml_cont(ctx, q_cur);
+    }
+    const int64_t gqa = q_cur->ne[1]/n_kv;
+    ggml_tensor * q4 = ggml_reshape_4d(ctx, q_cur, d, gqa, n_kv, q_cur->ne[2]);
+    ggml_tensor * s4 = ggml_reshape_4d(ctx, k_part(ctx, k_mean, 1), d, 1, n_kv, 1);
+    return ggml_reshape_3d(ctx, ggml_div(ctx, q4, s4), d, q_cur->ne[1], q_cur->ne[2]);
 }
 
 ggml_tensor * llama_turboq_k_mean_heads(ggml_context * ctx, ggml_tensor * k_mean, int64_t n_cols, int64_t n_head_kv,
-                                        int64_t n_embd_head, int64_t offset) {
+                                        int64_t n_embd_head, int64_t offset, int part) {
     const size_t es = ggml_element_size(k_mean);
-    return ggml_view_3d(ctx, k_mean, n_cols, n_head_kv, 1, n_embd_head*es, n_embd_head*n_head_kv*es, offset*es);
+    const int64_t base = part*(ggml_nelements(k_mean)/2);
+    return ggml_view_3d(ctx, k_mean, n_cols, n_head_kv, 1, n_embd_head*es, n_embd_head*n_head_kv*es, (base + offset)*es);
 }
 
 void llama_turboq_write_k_mean(llama_io_write_i & io, ggml_tensor * k_mean) {
@@ -484,6 +637,11 @@ bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32
     uint32_t magic = 0;
     uint32_t n = 0;
     io.read(&magic, sizeof(magic));
+    if (magic == K_MEAN_MAGIC_NOSC) {
+        LLAMA_LOG_ERROR("%s: layer %u: the state was saved by an earlier build, whose K cache had no channel scale; "
+                        "it cannot be restored exactly (process the prompt again)\n", __func__, il);
+        return false;
+    }
     if (magic == K_MEAN_MAGIC_OLD) {
         LLAMA_LOG_ERROR("%s: layer %u: the state was saved by an earlier build, whose K-centering mean came from the "
                         "first request; it cannot be restored exactly (process the prompt again)\n", __func__, il);
@@ -510,7 +668,7 @@ bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32
     }
     ggml_backend_tensor_get(k_mean, cur.data(), 0, n*sizeof(float));
     if (std::memcmp(saved.data(), cur.data(), n*sizeof(float)) != 0) {
-        LLAMA_LOG_ERROR("%s: layer %u: the state's K-centering mean is not this cache's (saved from another model "
+        LLAMA_LOG_ERROR("%s: layer %u: the state's K-centering mean or channel scale is not this cache's (saved from another model "
                         "file, backend or build, or corrupt); its K rows would be read wrong\n", __func__, il);
         return false;
     }

@@ -1,0 +1,126 @@
+"""`pyturbo bench needle`: retrieval at long context, a hit table per cache configuration against f16.
+
+A number (the needle) is hidden at several depths of filler text, and the model is asked for it at
+the end, answered greedily:
+
+    <filler ... "The secret number is 48213." ... filler>
+    What is the secret number? The secret number is
+
+A hit is an answer whose first digits are the number. Every configuration sees the same prompts
+(same filler, same numbers, same positions in tokens), so the table compares caches, not luck.
+
+  pyturbo bench needle [--model M] [--text botchan|pydoc|FILE] [--ctx 4096 8192 16384]
+                       [--depths 0.1 0.5 0.9] [--trials 2] [--types f16 q4_0 turboq3/turboq4:3 ...]
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass
+
+from .. import data
+from .cpu import parse_config
+
+NEEDLE_TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3/turboq4:3", "turboq3", "turboq2"]
+QUESTION = "\n\nWhat is the secret number? The secret number is"
+MAX_NEW = 8
+
+
+@dataclass(frozen=True)
+class Probe:
+    ctx: int
+    depth: float
+    trial: int
+    number: str
+    tokens: tuple[int, ...]
+
+
+def make_probes(llm, text: str, ctxs: list[int], depths: list[float], trials: int, seed: int = 0) -> list[Probe]:
+    """The prompts, in tokens: filler cut to ctx - (needle, question, answer room), the needle
+    inserted at depth (a fraction of the filler), the question last."""
+    tok = lambda s, bos=False: llm.tokenize(s.encode("utf-8"), add_bos=bos, special=False)
+    filler = tok(text)
+    bos = tok("", bos=True)
+    q = tok(QUESTION)
+    rng = random.Random(seed)
+    probes = []
+    for ctx in ctxs:
+        for trial in range(trials):
+            # each trial reads the filler from another offset, so trials are different texts
+            start = (trial * 7919) % max(1, len(filler) // 2)
+            for depth in depths:
+                number = str(rng.randrange(10000, 100000))
+                needle = tok(f" The secret number is {number}. ")
+                n_fill = ctx - len(bos) - len(needle) - len(q) - MAX_NEW - 1
+                body = (filler[start:] + filler)[:n_fill]
+                if len(body) < n_fill:
+                    raise SystemExit(f"the text has {len(filler)} tokens; {n_fill} are needed at ctx {ctx}")
+                at = int(depth * n_fill)
+                probes.append(Probe(ctx, depth, trial, number, tuple(bos + body[:at] + needle + body[at:] + q)))
+    return probes
+
+
+def _hit(answer: str, number: str) -> bool:
+    digits = re.sub(r"[^0-9]", "", answer.split("\n")[0])
+    return digits.startswith(number)
+
+
+def run_config(model, config: str, probes: list[Probe], threads: int) -> dict[tuple[int, float, int], tuple[bool, str]]:
+    from ..llama import Llama
+    _, k, v, env = parse_config(config)
+    la = int(env.pop("TURBO_LAYER_ADAPTIVE", 0) or 0)
+    if env:
+        raise SystemExit(f"{config}: needle runs through pyturbo.Llama, which takes K/V types and a layer mode only")
+    out = {}
+    for ctx in sorted({p.ctx for p in probes}):
+        llm = Llama(str(model), n_ctx=ctx, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
+                    flash_attn=True, cache_type_k=k, cache_type_v=v, layer_adaptive=la or None, verbose=False)
+        try:
+            for p in (p for p in probes if p.ctx == ctx):
+                t0 = time.time()
+                llm.reset()
+                r = llm.create_completion(list(p.tokens), max_tokens=MAX_NEW, temperature=0.0, top_k=1)
+                answer = r["choices"][0]["text"]
+                out[(p.ctx, p.depth, p.trial)] = (_hit(answer, p.number), answer)
+                print(f"# {config} ctx {ctx} depth {p.depth} trial {p.trial}: {p.number} -> {answer!r} "
+                      f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+        finally:
+            llm.close()
+    return out
+
+
+def needle(args: argparse.Namespace) -> None:
+    from ..llama import Llama
+    model, text = data.model_path(args.model), data.corpus_path(args.text)
+    types = ["f16", *[t for t in args.types if t != "f16"]]
+    tok = Llama(str(model), vocab_only=True, verbose=False)
+    try:
+        probes = make_probes(tok, text.read_text(encoding="utf-8"), args.ctx, args.depths, args.trials)
+    finally:
+        tok.close()
+    results = {t: run_config(model, t, probes, args.threads) for t in types}
+    cells = sorted({(p.ctx, p.depth) for p in probes})
+    print(f"\n{model.name}, needle in {text.name}, greedy; hits of {args.trials} trial(s) per cell; "
+          "'same as f16' counts cells whose answers equal f16's\n")
+    print("| K/V | " + " | ".join(f"{c // 1024}k @ {d:.0%}" for c, d in cells) + " | hits | same answers as f16 |")
+    print("|---|" + "---|" * (len(cells) + 2))
+    for t in types:
+        r = results[t]
+        row = [sum(r[(c, d, i)][0] for i in range(args.trials)) for c, d in cells]
+        same = sum(r[key][1] == results["f16"][key][1] for key in r)
+        print(f"| {t} | " + " | ".join(f"{h}/{args.trials}" for h in row) + f" | {sum(row)}/{len(r)} | {same}/{len(r)} |")
+
+
+def add_parsers(sub) -> None:
+    n = sub.add_parser("needle", help="retrieval of a number hidden in long filler text, hits per cache type vs f16")
+    n.add_argument("--model", help="a GGUF path or gemma3-270m / smollm2-135m (default: Gemma 3 270M)")
+    n.add_argument("--text", help="the filler: a text file, or botchan / pydoc (default: botchan)")
+    n.add_argument("--ctx", type=int, nargs="+", default=[4096, 8192, 16384])
+    n.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
+    n.add_argument("--trials", type=int, default=2)
+    n.add_argument("--threads", type=int, default=2)
+    n.add_argument("--types", nargs="+", default=NEEDLE_TYPES, help="'t', 'k/v', plus ':N' (layer mode)")
+    n.set_defaults(func=needle)
