@@ -64,16 +64,21 @@ def smollm2_model() -> Path:
 MODELS = {"gemma3-270m": default_model, "smollm2-135m": smollm2_model}
 
 
+def _named_file(value: str | Path | None, names: dict, default, what: str) -> Path:
+    """value as one of names (fetched on first use), else as a path; None: default()."""
+    if value is None:
+        return default()
+    if str(value) in names:
+        return names[str(value)]()
+    path = Path(value)
+    if not path.is_file():
+        raise ValueError(f"{what} {str(value)!r}: not a file and not one of {', '.join(names)}")
+    return path
+
+
 def model_path(model: str | Path | None) -> Path:
     """A GGUF from a path or a short name (gemma3-270m, smollm2-135m); None: the default model."""
-    if model is None:
-        return default_model()
-    if str(model) in MODELS:
-        return MODELS[str(model)]()
-    path = Path(model)
-    if not path.is_file():
-        raise ValueError(f"model {str(model)!r}: not a file and not one of {', '.join(MODELS)}")
-    return path
+    return _named_file(model, MODELS, default_model, "model")
 
 
 def corpus() -> Path:
@@ -112,14 +117,7 @@ CORPORA = {"botchan": corpus, "pydoc": pydoc_corpus}
 
 def corpus_path(text: str | Path | None) -> Path:
     """A text from a path or a short name (botchan, pydoc); None: botchan."""
-    if text is None:
-        return corpus()
-    if str(text) in CORPORA:
-        return CORPORA[str(text)]()
-    path = Path(text)
-    if not path.is_file():
-        raise ValueError(f"text {str(text)!r}: not a file and not one of {', '.join(CORPORA)}")
-    return path
+    return _named_file(text, CORPORA, corpus, "text")
 
 
 def corpus_slice(n_chars: int, name: str | None = None) -> Path:

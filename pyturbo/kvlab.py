@@ -291,16 +291,41 @@ def replay(chunks: list[dict[str, np.ndarray]], k_codec: Codec, v_codec: Codec, 
 
 # ---- the variant table ----
 
-def tq(v: Variant, center: bool = True, protect: int = 0) -> Codec:
-    """A turboq codec as a replay codec: K centered on the mean of the chunk (what the cache
-    does with its first ubatch), the first `protect` tokens kept exact (an f16 side-car)."""
+def tq(v: Variant, center: bool = True, protect: int = 0, scales: dict[int, np.ndarray] | None = None) -> Codec:
+    """A turboq codec as a replay codec: K centered on the mean of the chunk, the first `protect`
+    tokens kept exact (an f16 side-car); with `scales` (layer -> [KV heads, head_dim], see
+    channel_scales) K is stored as (k - mu)*s and read back as k'/s + mu, which is what attention
+    with q/s against the stored k' computes."""
     def f(x: np.ndarray, il: int, which: str) -> np.ndarray:
         mu = x.mean(0, keepdims=True) if center and which == "k" else 0
-        xh = encode_decode(x - mu, v) + mu
+        s = scales[il][None] if scales is not None and which == "k" else 1
+        xh = encode_decode((x - mu) * s, v) / s + mu
         if protect:
             xh[:protect] = x[:protect]
         return xh
     return f
+
+
+def channel_scales(chunks: list[dict[str, np.ndarray]], neox: bool = True) -> dict[int, np.ndarray]:
+    """The K channel scale of llama-turboq.cpp (channel_scale) per layer, [KV heads, head_dim], from
+    the chunks' post-RoPE Q and K: s = (E[q^2]/E[(k - mu)^2])^(1/4) over each RoPE pair (NEOX pairs
+    (c, c + D/2) as in Gemma, else (2c, 2c+1)), floors of 1e-3 of the head's mean energy, clipped to
+    [1e-3, 1e3], geometric mean 1 per head."""
+    out = {}
+    n_layer = sum(1 for key in chunks[0] if key.startswith("k"))
+    for il in range(n_layer):
+        q = np.concatenate([c[f"q{il}"] for c in chunks]).astype(np.float64)
+        k = np.concatenate([c[f"k{il}"] for c in chunks]).astype(np.float64)
+        hq, hk, d = q.shape[1], k.shape[1], k.shape[2]
+        a = (q ** 2).mean(0).reshape(hk, hq // hk, d).mean(1)
+        b = k.var(0)
+        pa = a + (np.roll(a, d // 2, 1) if neox else a.reshape(hk, d // 2, 2)[:, :, ::-1].reshape(hk, d))
+        pb = b + (np.roll(b, d // 2, 1) if neox else b.reshape(hk, d // 2, 2)[:, :, ::-1].reshape(hk, d))
+        pa += 1e-3 * a.mean(1, keepdims=True)
+        pb += 1e-3 * b.mean(1, keepdims=True)
+        e = np.clip((pa / pb) ** 0.25, 1e-3, 1e3)
+        out[il] = (e / np.exp(np.log(e).mean(1, keepdims=True))).astype(np.float32)
+    return out
 
 
 def mainline(kind: str) -> Codec:
@@ -311,8 +336,9 @@ def exact(x: np.ndarray, il: int, which: str) -> np.ndarray:
     return x
 
 
-def variant_table() -> list[tuple[str, float, Callable[[int | None], tuple[Codec, Codec]]]]:
-    """(name, bits per value of K and V together, seed -> (K codec, V codec))."""
+def variant_table(scales: dict[int, np.ndarray] | None = None) -> list[tuple[str, float, Callable[[int | None], tuple[Codec, Codec]]]]:
+    """(name, bits per value of K and V together, seed -> (K codec, V codec)); with `scales`,
+    also the rows of the K channel scale."""
     V = Variant
     rows: list = [
         ("f16 K / turboq3 V", 9.5625, lambda s: (exact, tq(V(3, seed=s)))),
@@ -335,6 +361,17 @@ def variant_table() -> list[tuple[str, float, Callable[[int | None], tuple[Codec
             rows.append((f"turboq{b} {rot} rotation", bpw[b], lambda s, b=b, rot=rot: (tq(V(b, rot=rot, seed=s)), tq(V(b, rot=rot, seed=s)))))
     rows.append(("turboq4 K / turboq3 V", 3.6875, lambda s: (tq(V(4, seed=s)), tq(V(3, seed=s)))))
     rows.append(("turboq3 K / turboq4 V", 3.6875, lambda s: (tq(V(3, seed=s)), tq(V(4, seed=s)))))
+    if scales is not None:
+        for b in (4, 3, 2):
+            sc = scales
+            rows.append((f"turboq{b} + channel scale", bpw[b],
+                         lambda s, b=b: (tq(V(b, seed=s), scales=sc), tq(V(b, seed=s)))))
+            rows.append((f"turboq{b} + channel scale + sink token exact", bpw[b],
+                         lambda s, b=b: (tq(V(b, seed=s), protect=1, scales=sc), tq(V(b, seed=s), protect=1))))
+            rows.append((f"turboq{b} + channel scale + ls scale", bpw[b],
+                         lambda s, b=b: (tq(V(b, "ls", seed=s), scales=sc), tq(V(b, "ls", seed=s)))))
+        rows.append(("turboq3 K / turboq4 V + channel scale", 3.6875,
+                     lambda s: (tq(V(3, seed=s), scales=scales), tq(V(4, seed=s)))))
     return rows
 
 
@@ -342,7 +379,7 @@ def run_table(chunks: list[dict[str, np.ndarray]], scale: float, seeds: list[int
               only: list[str] | None = None) -> list[tuple[str, float, np.ndarray]]:
     """Per variant: (name, bpw, array [seeds, 3] of summed logit RMS, summed TV, summed output error)."""
     out = []
-    for name, bpw, make in variant_table():
+    for name, bpw, make in variant_table(channel_scales(chunks)):
         if only and not any(o in name for o in only):
             continue
         vals = []
@@ -356,15 +393,18 @@ def run_table(chunks: list[dict[str, np.ndarray]], scale: float, seeds: list[int
 
 # ---- end to end: the same variants through llama-perplexity, where the C code has them ----
 
-# lab variant name -> (K type, V type, TURBOQ_K_CENTER)
+# lab variant name -> (K type, V type, environment)
+_UNCENTERED, _UNSCALED = {"TURBOQ_K_CENTER": "0"}, {"TURBOQ_K_BALANCE": "0"}
 END_TO_END = {
-    "q8_0": ("q8_0", "q8_0", "1"),
-    "q4_0": ("q4_0", "q4_0", "1"),
-    "f16 K / turboq3 V": ("f16", "turboq3", "1"),
-    **{f"turboq{b} uncentered": (f"turboq{b}", f"turboq{b}", "0") for b in (8, 4, 3, 2)},
-    **{f"turboq{b} (K centered)": (f"turboq{b}", f"turboq{b}", "1") for b in (8, 4, 3, 2)},
-    "turboq4 K / turboq3 V": ("turboq4", "turboq3", "1"),
-    "turboq3 K / turboq4 V": ("turboq3", "turboq4", "1"),
+    "q8_0": ("q8_0", "q8_0", {}),
+    "q4_0": ("q4_0", "q4_0", {}),
+    "f16 K / turboq3 V": ("f16", "turboq3", {}),
+    **{f"turboq{b} uncentered": (f"turboq{b}", f"turboq{b}", _UNCENTERED) for b in (8, 4, 3, 2)},
+    **{f"turboq{b} (K centered)": (f"turboq{b}", f"turboq{b}", _UNSCALED) for b in (8, 4, 3, 2)},
+    **{f"turboq{b} + channel scale": (f"turboq{b}", f"turboq{b}", {}) for b in (4, 3, 2)},
+    "turboq4 K / turboq3 V": ("turboq4", "turboq3", _UNSCALED),
+    "turboq3 K / turboq4 V": ("turboq3", "turboq4", _UNSCALED),
+    "turboq3 K / turboq4 V + channel scale": ("turboq3", "turboq4", {}),
 }
 
 
@@ -381,8 +421,8 @@ def end_to_end(names: list[str], chunks: int, threads: int = 2, seed: int | None
         base = Path(tmp) / "f16.kld"
         perplexity(model, text, "f16", "f16", chunks=chunks, threads=threads, kld_base=base, write_base=True)
         for name in names:
-            k, v, center = END_TO_END[name]
-            env = {"TURBOQ_K_CENTER": center, **({"TURBOQ_SIGN_SEED": str(seed)} if seed is not None else {})}
+            k, v, env = END_TO_END[name]
+            env = {**env, **({"TURBOQ_SIGN_SEED": str(seed)} if seed is not None else {})}
             r = perplexity(model, text, k, v, chunks=chunks, threads=threads, kld_base=base, env=env)
             out[name] = (r.ppl, r.kld, r.kld_err)
     return out

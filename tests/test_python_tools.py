@@ -263,3 +263,13 @@ def test_bench_needle_table(build_info):
     assert lines[0] == "| K/V | 1k @ 50% | hits | same answers as f16 |"
     assert lines[1] == "| f16 | 1/1 | 1/1 | 1/1 |"          # measured: Gemma 3 270M finds it at 1k
     assert lines[2].startswith("| turboq8 | ")
+
+
+def test_bench_config_options_combine():
+    from pyturbo.bench.cpu import parse_config
+    assert parse_config("turboq3") == ("turboq3", "turboq3", "turboq3", {})
+    assert parse_config("turboq3/turboq4:3:unscaled")[1:] == (
+        "turboq3", "turboq4", {"TURBO_LAYER_ADAPTIVE": "3", "TURBOQ_K_BALANCE": "0"})
+    assert parse_config("q8_0/turboq3:uncentered")[3] == {"TURBOQ_K_CENTER": "0"}
+    with pytest.raises(SystemExit, match="unknown option 'fast'"):
+        parse_config("turboq3:fast")

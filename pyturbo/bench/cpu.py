@@ -39,14 +39,21 @@ OPTIONS = {"uncentered": {"TURBOQ_K_CENTER": "0"},  # K centering (and its chann
 
 
 def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
-    """'t' (K = V = t), 'k/v', plus ':LA' for a TURBO_LAYER_ADAPTIVE mode, ':uncentered'
-    (TURBOQ_K_CENTER=0), ':unscaled' (TURBOQ_K_BALANCE=0) or ':onerow' (TURBOQ_FA_TILED=0):
+    """'t' (K = V = t) or 'k/v', then any of ':N' (a TURBO_LAYER_ADAPTIVE mode), ':uncentered'
+    (TURBOQ_K_CENTER=0), ':unscaled' (TURBOQ_K_BALANCE=0), ':onerow' (TURBOQ_FA_TILED=0):
     (label, K, V, environment)."""
-    spec, _, opt = c.partition(":")
+    spec, *opts = c.split(":")
     k, _, v = spec.partition("/")
     v = v or k
-    env = OPTIONS.get(opt) or ({"TURBO_LAYER_ADAPTIVE": opt} if opt else {})
-    return c, k, v, dict(env)
+    env: dict[str, str] = {}
+    for opt in opts:
+        if opt in OPTIONS:
+            env.update(OPTIONS[opt])
+        elif opt.isdigit():
+            env["TURBO_LAYER_ADAPTIVE"] = opt
+        else:
+            raise SystemExit(f"{c}: unknown option {opt!r} (a layer mode number, or one of {', '.join(OPTIONS)})")
+    return c, k, v, env
 
 
 def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str]) -> float:

@@ -15,6 +15,7 @@ A hit is an answer whose first digits are the number. Every configuration sees t
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import sys
@@ -72,12 +73,20 @@ def run_config(model, config: str, probes: list[Probe], threads: int) -> dict[tu
     from ..llama import Llama
     _, k, v, env = parse_config(config)
     la = int(env.pop("TURBO_LAYER_ADAPTIVE", 0) or 0)
-    if env:
-        raise SystemExit(f"{config}: needle runs through pyturbo.Llama, which takes K/V types and a layer mode only")
     out = {}
     for ctx in sorted({p.ctx for p in probes}):
-        llm = Llama(str(model), n_ctx=ctx, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
-                    flash_attn=True, cache_type_k=k, cache_type_v=v, layer_adaptive=la or None, verbose=False)
+        # debug switches (':unscaled', ...) are read when the model and its caches are set up
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            llm = Llama(str(model), n_ctx=ctx, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
+                        flash_attn=True, cache_type_k=k, cache_type_v=v, layer_adaptive=la or None, verbose=False)
+        finally:
+            for key, val in saved.items():
+                if val is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = val
         try:
             for p in (p for p in probes if p.ctx == ctx):
                 t0 = time.time()
@@ -122,5 +131,5 @@ def add_parsers(sub) -> None:
     n.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     n.add_argument("--trials", type=int, default=2)
     n.add_argument("--threads", type=int, default=2)
-    n.add_argument("--types", nargs="+", default=NEEDLE_TYPES, help="'t', 'k/v', plus ':N' (layer mode)")
+    n.add_argument("--types", nargs="+", default=NEEDLE_TYPES, help="'t' or 'k/v', plus ':N' (layer mode), ':unscaled', ':uncentered'")
     n.set_defaults(func=needle)

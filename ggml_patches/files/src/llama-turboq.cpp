@@ -569,7 +569,15 @@ void llama_turboq_calibrate_k_means(llama_model & model, const llama_context_par
 
     model.turboq_k_mean_done = true;
     if (ok) {
-        LLAMA_LOG_INFO("%s: K-centering means calibrated for this model in %.0f ms\n", __func__, (ggml_time_us() - t0)/1000.0);
+        // a layer without a post-RoPE "Qcur-<il>" in the graph keeps s = 1 (centering only)
+        int n_layers = 0;
+        int n_scaled = 0;
+        for (const auto & m : model.turboq_k_mean) {
+            n_layers += !m.empty();
+            n_scaled += !m.empty() && std::any_of(m.begin() + m.size()/2, m.end(), [](float x) { return x != 1.0f; });
+        }
+        LLAMA_LOG_INFO("%s: K means calibrated for %d layers, channel scales for %d, in %.0f ms\n", __func__,
+                       n_layers, n_scaled, (ggml_time_us() - t0)/1000.0);
     } else {
         model.turboq_k_mean.clear();
         LLAMA_LOG_WARN("%s: K centering is off for this model: %s\n", __func__, why.c_str());
