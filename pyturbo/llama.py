@@ -41,21 +41,29 @@ class StateError(RuntimeError):
 
 
 @contextlib.contextmanager
+def scoped_env(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then restore them."""
+    old = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, val in old.items():
+            if val is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = val
+
+
+@contextlib.contextmanager
 def _layer_adaptive_env(mode: int | None) -> Iterator[None]:
     """TURBO_LAYER_ADAPTIVE is read when a KV cache is created: set it for this model only."""
     if mode is None:
         yield
         return
     _la.check_mode(mode)
-    old = os.environ.get("TURBO_LAYER_ADAPTIVE")
-    os.environ["TURBO_LAYER_ADAPTIVE"] = str(mode)
-    try:
+    with scoped_env({"TURBO_LAYER_ADAPTIVE": str(mode)}):
         yield
-    finally:
-        if old is None:
-            os.environ.pop("TURBO_LAYER_ADAPTIVE", None)
-        else:
-            os.environ["TURBO_LAYER_ADAPTIVE"] = old
 
 
 @contextlib.contextmanager

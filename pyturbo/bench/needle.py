@@ -15,7 +15,6 @@ A hit is an answer whose first digits are the number. Every configuration sees t
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import re
 import sys
@@ -70,23 +69,15 @@ def _hit(answer: str, number: str) -> bool:
 
 
 def run_config(model, config: str, probes: list[Probe], threads: int) -> dict[tuple[int, float, int], tuple[bool, str]]:
-    from ..llama import Llama
+    from ..llama import Llama, scoped_env
     _, k, v, env = parse_config(config)
     la = int(env.pop("TURBO_LAYER_ADAPTIVE", 0) or 0)
     out = {}
     for ctx in sorted({p.ctx for p in probes}):
         # debug switches (':unscaled', ...) are read when the model and its caches are set up
-        saved = {key: os.environ.get(key) for key in env}
-        os.environ.update(env)
-        try:
+        with scoped_env(env):
             llm = Llama(str(model), n_ctx=ctx, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
                         flash_attn=True, cache_type_k=k, cache_type_v=v, layer_adaptive=la or None, verbose=False)
-        finally:
-            for key, val in saved.items():
-                if val is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = val
         try:
             for p in (p for p in probes if p.ctx == ctx):
                 t0 = time.time()
