@@ -48,11 +48,11 @@ def gemma(lc):
 
 
 class Ctx:
-    def __init__(self, lc, model, t: str, center: bool = True):
+    def __init__(self, lc, model, t: str, center: bool = True, n_ctx: int = N_CTX):
         from pyturbo.types import cache_type
         self.lc = lc
         p = lc.llama_context_default_params()
-        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = N_CTX, N_CTX, N_CTX, 2
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, N_CTX, N_CTX, 2
         p.kv_unified = True
         p.type_k = p.type_v = cache_type(t).ggml_id
         p.flash_attn_type = 1
@@ -254,3 +254,44 @@ def test_channel_scale_is_per_rope_pair_and_off_with_the_debug_switch(lc, gemma,
     for a, b in zip(on, off):
         np.testing.assert_array_equal(b[256:], np.ones(256, np.float32))
         np.testing.assert_array_equal(b[:256], a[:256])
+
+
+def rope_mean_factor(theta: np.ndarray, span: int) -> np.ndarray:
+    """A = (1/span) sum_{p < span} e^(i p theta): the mean of a unit pair spread over span positions."""
+    p = np.arange(span, dtype=np.float64)
+    return np.exp(1j * np.outer(theta, p)).mean(axis=1)
+
+
+def test_the_mean_fits_the_contexts_positions_not_the_calibrations(lc, gemma):
+    """The calibration sees positions 0..511, but a key is centered at any position of the context.
+    Each RoPE pair's calibrated mean is turned back to position 0 and spread over the positions a
+    sequence of the context spans (n_ctx_seq; unified here, so n_ctx): mu_pair = A(theta, n) * m,
+    m being the model's. So a context of 1024 and one of 256 have mu_1024 * A(256) = mu_256 *
+    A(1024) on every pair (as complex numbers), from Gemma's RoPE (NEOX over 256 channels; base 1e6
+    on layers 5, 11, 17, 1e4 on the sliding-window layers): the pairs that turn a lot over 1024
+    positions lose their mean there, and the slowest pairs keep it."""
+    def records(n_ctx: int) -> list[np.ndarray]:
+        c = Ctx(lc, gemma, "turboq3", n_ctx=n_ctx)
+        assert lc.llama_n_ctx_seq(c.ctx) == n_ctx
+        c.eval(0, prompts(lc, gemma)[0])
+        recs = [rec[:256].astype(np.float64) for _, rec in k_records(c.save(0))]
+        del c
+        return recs
+
+    long, short = records(1024), records(256)
+    assert len(long) == len(short) == 18
+    i = np.arange(128)
+    shrunk = kept = 0
+    # a saved state holds the full-context cache (layers 5, 11, 17: base 1e6) before the
+    # sliding-window one (base 1e4)
+    bases = [1e6] * 3 + [1e4] * 15
+    for il, (a, b, base) in enumerate(zip(long, short, bases)):
+        theta = base ** (-2.0 * i / 256)
+        got, short_mu = a[:128] + 1j * a[128:], b[:128] + 1j * b[128:]
+        scale = np.abs(short_mu).max()
+        np.testing.assert_allclose(got * rope_mean_factor(theta, 256), short_mu * rope_mean_factor(theta, 1024),
+                                   rtol=0, atol=1e-5 * scale, err_msg=f"record {il}")
+        big = np.abs(short_mu) > 0.05 * scale
+        shrunk += int(np.sum(big & (np.abs(got) < 0.2 * np.abs(short_mu))))
+        kept += int(np.sum(big & (np.abs(got) > 0.95 * np.abs(short_mu))))
+    assert shrunk > 0 and kept > 0, (shrunk, kept)

@@ -7,6 +7,7 @@
 #include "llama-kv-cache.h"
 #include "llama-kv-cache-iswa.h"
 #include "llama-memory-hybrid.h"
+#include "llama-memory-hybrid-iswa.h"
 
 #include "ggml-backend.h"
 
@@ -296,44 +297,123 @@ std::vector<llama_token> calibration_tokens(const llama_vocab * vocab, int n) {
     return toks;
 }
 
-// the mean and the centered mean square of layer il's K per channel, over the cells of kv that hold
-// tokens, in double; false when kv has no such layer
-bool cache_k_moments(const llama_kv_cache * kv, uint32_t il, std::vector<double> & mean, std::vector<double> & var) {
+// Layer il's K rows in the cells of kv that hold tokens, with their positions; false when kv has no
+// such layer or no such cell
+bool cache_k_rows(const llama_kv_cache * kv, uint32_t il, std::vector<float> & rows, std::vector<llama_pos> & pos,
+                  int64_t & n_embd) {
     const std::vector<uint32_t> ids = kv->get_layer_ids();
     if (std::find(ids.begin(), ids.end(), il) == ids.end()) {
         return false;
     }
     const ggml_tensor * k = kv->get_k_storage((int32_t) il);
     const llama_kv_cells & cells = kv->get_cells(0);
-    const int64_t n_embd = k->ne[0];
+    n_embd = k->ne[0];
     const auto * traits = ggml_get_type_traits(k->type);
     std::vector<uint8_t> raw(k->nb[1]);
-    std::vector<float> row(n_embd);
-    std::vector<double> sum(n_embd, 0.0);
-    std::vector<double> sum2(n_embd, 0.0);
-    uint32_t n_rows = 0;
+    rows.clear();
+    pos.clear();
     for (uint32_t i = 0; i < cells.size(); ++i) {
         if (cells.is_empty(i)) {
             continue;
         }
         ggml_backend_tensor_get(k, raw.data(), (size_t) i*k->nb[1], raw.size());
-        traits->to_float(raw.data(), row.data(), n_embd);
+        rows.resize(rows.size() + n_embd);
+        traits->to_float(raw.data(), rows.data() + rows.size() - n_embd, n_embd);
+        pos.push_back(cells.pos_get(i));
+    }
+    return !pos.empty();
+}
+
+// The RoPE angle per position of each rotated pair of layer il (n_rot/2 values), as the model's
+// graph computes it with the default context parameters (per-layer base and scale, the model's
+// frequency factors; YaRN's ramp is left out); empty when the layer's rotation is not one angle
+// per pair and position (no RoPE, M-RoPE, vision)
+std::vector<double> rope_angles(const llama_model & model, uint32_t il) {
+    const llama_hparams & hp = model.hparams;
+    if (hp.rope_type != LLAMA_ROPE_TYPE_NORM && hp.rope_type != LLAMA_ROPE_TYPE_NEOX) {
+        return {};
+    }
+    const int64_t n_rot = hp.n_rot(il);
+    if (n_rot < 2 || n_rot % 2 != 0 || n_rot > (int64_t) hp.n_embd_head_k(il)) {
+        return {};
+    }
+    const double base  = hp.is_swa(il) ? hp.rope_freq_base_train_swa  : hp.rope_freq_base_train;
+    const double scale = hp.is_swa(il) ? hp.rope_freq_scale_train_swa : hp.rope_freq_scale_train;
+    std::vector<float> factors;
+    if (il < model.layers.size() && model.layers[il].rope_freqs != nullptr &&
+        model.layers[il].rope_freqs->type == GGML_TYPE_F32 && ggml_nelements(model.layers[il].rope_freqs) == n_rot/2) {
+        factors.resize(n_rot/2);
+        ggml_backend_tensor_get(model.layers[il].rope_freqs, factors.data(), 0, factors.size()*sizeof(float));
+    }
+    std::vector<double> theta(n_rot/2);
+    for (int64_t i = 0; i < n_rot/2; ++i) {
+        theta[i] = scale*std::pow(base, -2.0*i/n_rot) / (factors.empty() || factors[i] == 0.0f ? 1.0 : factors[i]);
+    }
+    return theta;
+}
+
+// The calibration's statistics of one layer's K, n = n_embd_k_gqa floats each, kept by the model
+// (model.turboq_k_mean[il], K_N_STATS*n floats); k_mean_for turns them into mu and s for a span
+enum k_stat { K_MEAN, K_VAR, K_PRE, K_SQ, Q_ENERGY, K_N_STATS };
+
+// the RoPE partner of channel c within a head of d channels (c itself when c is not rotated)
+int64_t rope_partner(const llama_hparams & hp, uint32_t il, int64_t c) {
+    const int64_t n_rot = std::min<int64_t>(hp.n_rot(il), hp.n_embd_head_k(il));
+    if (hp.rope_type == LLAMA_ROPE_TYPE_NONE || c >= n_rot) {
+        return c;
+    }
+    return hp.rope_type != LLAMA_ROPE_TYPE_NORM ? (c < n_rot/2 ? c + n_rot/2 : c - n_rot/2) : (c ^ 1);
+}
+
+// K's statistics over the calibration rows: the mean and centered mean square per channel (as
+// the rows lie, at positions 0..n-1), the mean square, and the pre-RoPE mean: each rotated pair
+// (x + iy) turned back to position 0 by its angle, then averaged (the plain mean elsewhere)
+void k_stats(const llama_model & model, uint32_t il, const std::vector<float> & rows, const std::vector<llama_pos> & pos,
+             int64_t n_embd, std::vector<float> & out) {
+    const llama_hparams & hp = model.hparams;
+    const size_t n = pos.size();
+    std::vector<double> sum(n_embd, 0.0), sum2(n_embd, 0.0);
+    for (size_t r = 0; r < n; ++r) {
         for (int64_t j = 0; j < n_embd; ++j) {
-            sum[j]  += row[j];
-            sum2[j] += (double) row[j]*row[j];
+            const double x = rows[r*n_embd + j];
+            sum[j]  += x;
+            sum2[j] += x*x;
         }
-        ++n_rows;
     }
-    if (n_rows == 0) {
-        return false;
-    }
-    mean.resize(n_embd);
-    var.resize(n_embd);
+    out.assign(K_N_STATS*n_embd, 0.0f);
+    float * mean = out.data() + K_MEAN*n_embd;
+    float * var  = out.data() + K_VAR*n_embd;
+    float * pre  = out.data() + K_PRE*n_embd;
+    float * sq   = out.data() + K_SQ*n_embd;
     for (int64_t j = 0; j < n_embd; ++j) {
-        mean[j] = sum[j]/n_rows;
-        var[j]  = std::max(0.0, sum2[j]/n_rows - mean[j]*mean[j]);
+        const double m = sum[j]/n;
+        mean[j] = (float) m;
+        var[j]  = (float) std::max(0.0, sum2[j]/n - m*m);
+        pre[j]  = (float) m;
+        sq[j]   = (float) (sum2[j]/n);
     }
-    return true;
+    const std::vector<double> theta = rope_angles(model, il);
+    const int64_t d = hp.n_embd_head_k(il);
+    if (theta.empty() || hp.n_lora_kv > 0 || n_embd % d != 0) {
+        return;
+    }
+    const int64_t half = (int64_t) theta.size();
+    const bool neox = hp.rope_type == LLAMA_ROPE_TYPE_NEOX;
+    for (int64_t h = 0; h < n_embd/d; ++h) {
+        for (int64_t i = 0; i < half; ++i) {
+            const int64_t c0 = h*d + (neox ? i : 2*i);
+            const int64_t c1 = h*d + (neox ? i + half : 2*i + 1);
+            double mr = 0.0, mi = 0.0;
+            for (size_t r = 0; r < n; ++r) {
+                const double a = -theta[i]*pos[r];
+                const double x = rows[r*n_embd + c0], y = rows[r*n_embd + c1];
+                mr += x*std::cos(a) - y*std::sin(a);
+                mi += x*std::sin(a) + y*std::cos(a);
+            }
+            pre[c0] = (float) (mr/n);
+            pre[c1] = (float) (mi/n);
+        }
+    }
 }
 
 // Q's mean square per layer and channel ([n_head][n_embd_head]), from the calibration graph's
@@ -388,37 +468,15 @@ bool k_balancing() {
 // that error's variance for a given ||s*(k - mu)||. RoPE turns each channel pair by the position,
 // so a pair shares one s (from its summed energy): the scale then commutes with RoPE and does not
 // drift with the position. Normalized to a geometric mean of 1 per head.
-std::vector<float> channel_scale(const llama_hparams & hp, uint32_t il, const std::vector<double> & q2, int64_t n_head,
-                                 int64_t q_rows, const std::vector<double> & kvar) {
+std::vector<float> channel_scale(const llama_hparams & hp, uint32_t il, const float * a, const std::vector<double> & b) {
     const int64_t d    = hp.n_embd_head_k(il);
-    const int64_t n_kv = (int64_t) kvar.size() / d;
-    std::vector<float> s(kvar.size(), 1.0f);
-    // (MLA caches keep the rotary part after the rest, and their K is read as V too: no scale)
-    if (q2.empty() || q_rows == 0 || n_kv == 0 || n_head % n_kv != 0 || (int64_t) q2.size() != n_head*d || hp.n_lora_kv > 0) {
-        return s;
-    }
-    const int64_t gqa   = n_head / n_kv;
-    const int64_t n_rot = std::min<int64_t>(hp.n_rot(il), d);
-    const bool    neox  = hp.rope_type != LLAMA_ROPE_TYPE_NORM;
-    auto partner = [&](int64_t c) -> int64_t {
-        if (hp.rope_type == LLAMA_ROPE_TYPE_NONE || c >= n_rot) {
-            return c;
-        }
-        return neox ? (c < n_rot/2 ? c + n_rot/2 : c - n_rot/2) : (c ^ 1);
-    };
+    const int64_t n_kv = (int64_t) b.size() / d;
+    std::vector<float> s(b.size(), 1.0f);
     for (int64_t j = 0; j < n_kv; ++j) {
-        std::vector<double> a(d, 0.0), b(d, 0.0);
-        for (int64_t c = 0; c < d; ++c) {
-            for (int64_t g = 0; g < gqa; ++g) {
-                a[c] += q2[(j*gqa + g)*d + c];
-            }
-            a[c] /= (double) gqa*q_rows;
-            b[c]  = kvar[j*d + c];
-        }
         double am = 0.0, bm = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            am += a[c]/d;
-            bm += b[c]/d;
+            am += a[j*d + c]/d;
+            bm += b[j*d + c]/d;
         }
         if (!(am > 0.0) || !(bm > 0.0)) {
             continue;
@@ -426,9 +484,9 @@ std::vector<float> channel_scale(const llama_hparams & hp, uint32_t il, const st
         std::vector<double> e(d);
         double log_sum = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            const int64_t p = partner(c);
-            const double ap = a[c] + (p != c ? a[p] : 0.0) + 1e-3*am;
-            const double bp = b[c] + (p != c ? b[p] : 0.0) + 1e-3*bm;
+            const int64_t p = rope_partner(hp, il, c);
+            const double ap = a[j*d + c] + (p != c ? a[j*d + p] : 0.0) + 1e-3*am;
+            const double bp = b[j*d + c] + (p != c ? b[j*d + p] : 0.0) + 1e-3*bm;
             e[c] = std::min(1e3, std::max(1e-3, std::pow(ap/bp, 0.25)));
             log_sum += std::log(e[c]);
         }
@@ -438,6 +496,82 @@ std::vector<float> channel_scale(const llama_hparams & hp, uint32_t il, const st
         }
     }
     return s;
+}
+
+// E[q^2] per K channel ([n_kv][d], averaged over the KV head's query heads), into out; left at 0
+// (no scale) where the Q statistics are missing or do not fit. MLA caches keep the rotary part
+// after the rest, and their K is read as V too: no scale.
+void q_energy(const llama_hparams & hp, uint32_t il, const std::vector<double> & q2, int64_t n_head, int64_t q_rows,
+              int64_t n_embd, float * out) {
+    const int64_t d    = hp.n_embd_head_k(il);
+    const int64_t n_kv = n_embd / d;
+    if (q2.empty() || q_rows == 0 || n_kv == 0 || n_head % n_kv != 0 || (int64_t) q2.size() != n_head*d || hp.n_lora_kv > 0) {
+        return;
+    }
+    const int64_t gqa = n_head / n_kv;
+    for (int64_t j = 0; j < n_kv; ++j) {
+        for (int64_t c = 0; c < d; ++c) {
+            double acc = 0.0;
+            for (int64_t g = 0; g < gqa; ++g) {
+                acc += q2[(j*gqa + g)*d + c];
+            }
+            out[j*d + c] = (float) (acc/((double) gqa*q_rows));
+        }
+    }
+}
+
+// the span override (debug): TURBOQ_K_MEAN_SPAN=N fits the mean to N positions, 0 keeps the
+// calibration's own; -1 when unset
+int64_t k_span_override() {
+    const char * env = std::getenv("TURBOQ_K_MEAN_SPAN");
+    return env ? std::max(0, std::atoi(env)) : -1;
+}
+
+// mu then s of layer il for a cache whose sequences span `span` positions (0: the calibration's).
+// Centering subtracts one constant vector from every key after RoPE; that is exact (q.mu is the
+// same for all of a query's keys) but only useful where the keys' mean is about constant. A RoPE
+// pair turns by its angle per position, so the calibration's 512 positions alone give a mean
+// that stops fitting thousands of positions later on every pair that turns a little over 512
+// positions and a lot over the context. So the mean is that of a key spread evenly over the span:
+// the pre-RoPE mean m times A = (1/span) sum_p e^(i p theta), with E|k - A m|^2 = E|k|^2 - |A m|^2.
+std::vector<float> k_mean_for(const llama_model & model, uint32_t il, const std::vector<float> & st, int64_t span) {
+    const llama_hparams & hp = model.hparams;
+    const int64_t n = (int64_t) st.size() / K_N_STATS;
+    std::vector<float> out(st.begin() + K_MEAN*n, st.begin() + (K_MEAN + 1)*n);
+    std::vector<double> var(st.begin() + K_VAR*n, st.begin() + (K_VAR + 1)*n);
+    const int64_t over = k_span_override();
+    span = over >= 0 ? over : span;
+    const std::vector<double> theta = span > 0 && hp.n_lora_kv == 0 ? rope_angles(model, il) : std::vector<double>();
+    const int64_t d = hp.n_embd_head_k(il);
+    if (!theta.empty() && n % d == 0) {
+        const int64_t half = (int64_t) theta.size();
+        const bool neox = hp.rope_type == LLAMA_ROPE_TYPE_NEOX;
+        const float * pre = st.data() + K_PRE*n;
+        const float * sq  = st.data() + K_SQ*n;
+        for (int64_t h = 0; h < n/d; ++h) {
+            for (int64_t i = 0; i < half; ++i) {
+                const int64_t c0 = h*d + (neox ? i : 2*i);
+                const int64_t c1 = h*d + (neox ? i + half : 2*i + 1);
+                // A = (1 - e^(i span theta)) / (span (1 - e^(i theta)))
+                double ar = 1.0, ai = 0.0;
+                if (std::fabs(std::remainder(theta[i], 2.0*M_PI)) > 1e-9) {
+                    const double nr = 1.0 - std::cos(span*theta[i]), ni = -std::sin(span*theta[i]);
+                    const double dr = span*(1.0 - std::cos(theta[i])), di = -span*std::sin(theta[i]);
+                    const double dd = dr*dr + di*di;
+                    ar = (nr*dr + ni*di)/dd;
+                    ai = (ni*dr - nr*di)/dd;
+                }
+                const double ur = ar*pre[c0] - ai*pre[c1], ui = ar*pre[c1] + ai*pre[c0];
+                const double v  = std::max(0.0, (double) sq[c0] + sq[c1] - ur*ur - ui*ui)/2;
+                out[c0] = (float) ur;
+                out[c1] = (float) ui;
+                var[c0] = var[c1] = v;
+            }
+        }
+    }
+    const std::vector<float> sc = channel_scale(hp, il, st.data() + Q_ENERGY*n, var);
+    out.insert(out.end(), sc.begin(), sc.end());
+    return out;
 }
 
 // the model's means from a calibration context; false (with the reason) when it cannot be run
@@ -507,24 +641,23 @@ bool run_calibration(llama_model & model, const llama_context_params & user, std
         why = "its memory is not a KV cache that calibration can read";
     }
 
-    // per layer: the mean, then the channel scale (model.turboq_k_mean, see llama_turboq_load_k_mean)
+    // per layer: K's and Q's statistics (model.turboq_k_mean, see k_stat)
     std::vector<std::vector<float>> means(n_layer);
     for (uint32_t il = 0; ok && il < n_layer; ++il) {
-        std::vector<double> mean, var;
+        std::vector<float> rows;
+        std::vector<llama_pos> pos;
+        int64_t n_embd = 0;
+        bool found = false;
         for (const auto * kv : caches) {
-            if (cache_k_moments(kv, il, mean, var)) {
+            if ((found = cache_k_rows(kv, il, rows, pos, n_embd))) {
                 break;
             }
         }
-        if (mean.empty()) {
+        if (!found) {
             continue;
         }
-        const std::vector<float> sc = channel_scale(model.hparams, il, qm.sum2[il], qm.n_head[il], qm.n_rows[il], var);
-        means[il].reserve(2*mean.size());
-        for (double m : mean) {
-            means[il].push_back((float) m);
-        }
-        means[il].insert(means[il].end(), sc.begin(), sc.end());
+        k_stats(model, il, rows, pos, n_embd, means[il]);
+        q_energy(model.hparams, il, qm.sum2[il], qm.n_head[il], qm.n_rows[il], n_embd, means[il].data() + Q_ENERGY*n_embd);
     }
     llama_free(ctx);
     if (ok) {
@@ -574,7 +707,7 @@ void llama_turboq_calibrate_k_means(llama_model & model, const llama_context_par
         int n_scaled = 0;
         for (const auto & m : model.turboq_k_mean) {
             n_layers += !m.empty();
-            n_scaled += !m.empty() && std::any_of(m.begin() + m.size()/2, m.end(), [](float x) { return x != 1.0f; });
+            n_scaled += !m.empty() && std::any_of(m.begin() + Q_ENERGY*(m.size()/K_N_STATS), m.end(), [](float x) { return x != 0.0f; });
         }
         LLAMA_LOG_INFO("%s: K means calibrated for %d layers, channel scales for %d, in %.0f ms\n", __func__,
                        n_layers, n_scaled, (ggml_time_us() - t0)/1000.0);
@@ -590,15 +723,30 @@ ggml_tensor * llama_turboq_new_k_mean(ggml_context * ctx, int64_t n_embd_k_gqa, 
     return t;
 }
 
-void llama_turboq_load_k_mean(const llama_model & model, ggml_tensor * k_mean, uint32_t il) {
+void llama_turboq_load_k_mean(const llama_model & model, ggml_tensor * k_mean, uint32_t il, uint32_t span) {
     const size_t n = (size_t) ggml_nelements(k_mean);
-    if (il < model.turboq_k_mean.size() && model.turboq_k_mean[il].size() == n) {
-        ggml_backend_tensor_set(k_mean, model.turboq_k_mean[il].data(), 0, n*sizeof(float));
+    if (il < model.turboq_k_mean.size() && model.turboq_k_mean[il].size() == K_N_STATS*(n/2)) {
+        const std::vector<float> ms = k_mean_for(model, il, model.turboq_k_mean[il], span);
+        ggml_backend_tensor_set(k_mean, ms.data(), 0, n*sizeof(float));
     } else {
         // no centering: mu = 0, s = 1
         std::vector<float> id(n, 0.0f);
         std::fill(id.begin() + n/2, id.end(), 1.0f);
         ggml_backend_tensor_set(k_mean, id.data(), 0, n*sizeof(float));
+    }
+}
+
+void llama_turboq_set_k_span(llama_memory_i * mem, uint32_t n_pos) {
+    if (auto * kv = dynamic_cast<llama_kv_cache *>(mem)) {
+        kv->turboq_set_k_span(n_pos);
+    } else if (auto * iswa = dynamic_cast<llama_kv_cache_iswa *>(mem)) {
+        // the sliding-window cache holds a window, but at the sequence's positions
+        iswa->get_base()->turboq_set_k_span(n_pos);
+        iswa->get_swa()->turboq_set_k_span(n_pos);
+    } else if (auto * hyb = dynamic_cast<llama_memory_hybrid *>(mem)) {
+        hyb->get_mem_attn()->turboq_set_k_span(n_pos);
+    } else if (auto * hyb_iswa = dynamic_cast<llama_memory_hybrid_iswa *>(mem)) {
+        llama_turboq_set_k_span(hyb_iswa->get_mem_attn(), n_pos);
     }
 }
 
@@ -677,7 +825,7 @@ bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32
     ggml_backend_tensor_get(k_mean, cur.data(), 0, n*sizeof(float));
     if (std::memcmp(saved.data(), cur.data(), n*sizeof(float)) != 0) {
         LLAMA_LOG_ERROR("%s: layer %u: the state's K-centering mean or channel scale is not this cache's (saved from another model "
-                        "file, backend or build, or corrupt); its K rows would be read wrong\n", __func__, il);
+                        "file, backend or build, by a context of another size, or corrupt); its K rows would be read wrong\n", __func__, il);
         return false;
     }
     return true;

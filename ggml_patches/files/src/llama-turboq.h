@@ -55,15 +55,20 @@ void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_
 //
 // Both are properties of the model: statistics of a fixed calibration text, computed once per
 // loaded model with an f16 cache, before the first context with a turboq K is built (K as the
-// cache stores it and Q as attention reads it, both after RoPE). They never depend on what a
-// context has processed, so a request's answer does not depend on other requests, slots or
-// restarts. They live in the cache buffer (one tensor per layer: mu, then s); the K-shift undoes
-// them around RoPE, and a saved state carries them, so a state is restored only into a cache
-// with the same ones. TURBOQ_K_CENTER=0 turns both off, TURBOQ_K_BALANCE=0 the scale (debug).
+// cache stores it and Q as attention reads it, both after RoPE). mu is fitted to the positions a
+// sequence of the context spans (n_ctx_seq), not to the calibration's 512: each RoPE pair's mean
+// is turned back to position 0 and averaged over that span, so a pair that turns a lot over the
+// context gets no mean (TURBOQ_K_MEAN_SPAN=N: N positions instead, 0: the calibration's; debug).
+// Neither depends on what a context has processed, so a request's answer does not depend on
+// other requests, slots or restarts. They live in the cache buffer (one tensor per layer: mu,
+// then s); the K-shift undoes them around RoPE, and a saved state carries them, so a state is
+// restored only into a cache with the same ones. TURBOQ_K_CENTER=0 turns both off,
+// TURBOQ_K_BALANCE=0 the scale (debug).
 
 class  llama_io_write_i;
 class  llama_io_read_i;
 struct llama_context_params;
+struct llama_memory_i;
 
 // whether layers with this K type keep a mean and scale (turboq K; TURBOQ_K_CENTER=0 turns it off)
 bool llama_turboq_k_centering(ggml_type type_k);
@@ -76,8 +81,12 @@ void llama_turboq_calibrate_k_means(llama_model & model, const llama_context_par
 // the per-layer tensor: 2*n_embd_k_gqa floats, mu then s, created in the cache's context
 ggml_tensor * llama_turboq_new_k_mean(ggml_context * ctx, int64_t n_embd_k_gqa, const char * tag, uint32_t il);
 
-// writes the model's calibrated mu and s of layer il into k_mean (mu = 0, s = 1 when there are none)
-void llama_turboq_load_k_mean(const llama_model & model, ggml_tensor * k_mean, uint32_t il);
+// writes layer il's mu and s for sequences of `span` positions into k_mean, from the model's
+// calibration (mu = 0, s = 1 when there is none)
+void llama_turboq_load_k_mean(const llama_model & model, ggml_tensor * k_mean, uint32_t il, uint32_t span);
+
+// fits the K means of a context's caches to the positions a sequence spans (its n_ctx_seq)
+void llama_turboq_set_k_span(llama_memory_i * mem, uint32_t n_pos);
 
 // graph: k_cur [n_embd_k_gqa, n_tokens] -> (k_cur - mu)*s
 ggml_tensor * llama_turboq_center_k(ggml_context * ctx, ggml_tensor * k_cur, ggml_tensor * k_mean);
