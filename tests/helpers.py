@@ -2,20 +2,17 @@
 servers, KL of logit rows, codec input groups, attention masks."""
 from __future__ import annotations
 
-import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 
 from pyturbo import data
+from pyturbo.bench import local_server
+from pyturbo.bench.local_server import free_port, post_json  # noqa: F401 (for the test modules)
 
 ROOT = Path(__file__).resolve().parent.parent
 D = 128  # values per turboq group
@@ -24,25 +21,8 @@ ENGINES = ["llama-server", "python"]
 
 # ---- servers (`python -m server`) ----
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{output(proc)[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        time.sleep(0.3)
-    raise TimeoutError("server did not become healthy")
+    local_server.wait_healthy(url, proc, timeout, log=lambda: output(proc))
 
 
 def server_cmd(engine: str, port: int, *flags: str) -> list[str]:
@@ -76,18 +56,9 @@ def stop(proc: subprocess.Popen) -> str:
     return output(proc)
 
 
-def post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})},
-                                 method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        try:
-            return e.code, json.loads(raw)
-        except ValueError:
-            return e.code, {"raw": raw.decode(errors="replace")}
+def post(url: str, body: bytes | dict, headers: dict | None = None) -> tuple[int, dict]:
+    return post_json(url, body, headers)
+
 
 # ---- numbers ----
 

@@ -9,7 +9,6 @@ execute the same kernels on the same bytes, so the bound below is far looser tha
 """
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -20,16 +19,11 @@ import pytest
 
 from pyturbo import data
 from pyturbo._paths import binary, tool_env
+from pyturbo.bench.local_server import free_port
 from pyturbo.tools import llama_perplexity as perplexity
 
 REL_PPL_TOL = 1e-3   # the issue's bound on |dPPL|/PPL
 KLD_TOL = 1e-3       # mean KLD of the RPC run's logits against the local run's
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_listening(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:
@@ -52,7 +46,7 @@ def rpc_endpoints(build_info, tmp_path_factory):
     try:
         for i in range(2):
             d = tmp_path_factory.mktemp(f"rpc{i}")
-            port = _free_port()
+            port = free_port()
             log = d / "server.log"
             env = tool_env({"LLAMA_CACHE": str(d / "cache")})
             p = subprocess.Popen([str(binary("ggml-rpc-server")), "-H", "127.0.0.1", "-p", str(port), "-t", "1", "-c"],

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import copy
-import json
 
 import numpy as np
 import pytest
@@ -14,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyturbo import data
-from helpers import free_port, server_cmd, start, stop, wait_healthy
-from helpers import post as post_json
+from helpers import free_port, post, server_cmd, start, stop, wait_healthy
 
 PROMPT = "The old man looked at the sea and said"
 
@@ -122,10 +120,6 @@ def test_python_corrupted_state_is_refused_and_nothing_is_lost(tiny_state, flips
 
 
 # ---- llama-server slot files ----
-
-def post(url: str, body: dict) -> tuple[int, dict]:
-    return post_json(url, json.dumps(body).encode())
-
 
 def complete(url: str, prompt: str, n: int = 8, probs: bool = False, **fields) -> str | tuple[str, list]:
     """The greedy text (and, with probs, the top-3 probabilities of every token: floats that

@@ -15,32 +15,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .. import data
 from .._paths import REPO_ROOT
 from ..memory import kv_bytes
+from .local_server import free_port, post_json, wait_healthy
 from ..tools import kv_mib
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
     """`python -m server` with the given flags on a free port of 127.0.0.1; its log is collected."""
 
     def __init__(self, flags: list[str], timeout: float = 300) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cwd = REPO_ROOT if (REPO_ROOT / "server" / "cli.py").exists() else None  # a checkout; else installed
         self.proc = subprocess.Popen([sys.executable, "-m", "server", "--port", str(self.port), *flags],
@@ -48,29 +41,25 @@ class Server:
         self.log: list[str] = []
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()
-        t0 = time.time()
-        while time.time() - t0 < timeout:
-            if self.proc.poll() is not None:
-                time.sleep(0.2)
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{''.join(self.log)[-3000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.3)
-        self.close()
-        raise TimeoutError("server did not become healthy")
+        try:
+            wait_healthy(self.url, self.proc, timeout, log=self._log_after_exit)
+        except BaseException:
+            self.close()
+            raise
+
+    def _log_after_exit(self) -> str:
+        self._drainer.join(timeout=5)  # the drainer ends at EOF: the whole log of a server that exited
+        return "".join(self.log)
 
     def _drain(self) -> None:
         for line in self.proc.stdout:
             self.log.append(line)
 
     def post(self, path: str, body: dict) -> dict:
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read())
+        status, out = post_json(self.url + path, body, timeout=600)
+        if status != 200:
+            raise RuntimeError(f"POST {path}: HTTP {status}: {out}")
+        return out
 
     def close(self) -> None:
         if self.proc.poll() is None:

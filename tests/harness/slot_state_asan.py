@@ -9,35 +9,22 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 from pyturbo import data
-
-
-def post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
-                                 method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+from pyturbo.bench.local_server import free_port, post_json as post
 
 
 def main() -> int:
     bin_dir = Path(sys.argv[1]).resolve()
     n_corrupt = int(sys.argv[2]) if len(sys.argv) > 2 else 200
     slots = Path(tempfile.mkdtemp(prefix="asan-slots-"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(slots / "server.log", "w+")
     env = {**os.environ, "LD_LIBRARY_PATH": str(bin_dir), "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0"}
