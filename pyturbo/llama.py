@@ -136,8 +136,13 @@ class Llama(llama_cpp.Llama):
 
     def save_state(self) -> llama_cpp.LlamaState:
         """llama_cpp.Llama.save_state, plus a SHA-256 of the state bytes that load_state checks:
-        llama.cpp's state format has no checksum, and a flipped count in it can load as garbage."""
-        state = super().save_state()
+        llama.cpp's state format has no checksum, and a flipped count in it can load as garbage.
+        A state that llama.cpp refuses to write raises StateError with its reason (upstream's
+        wrapper returns it as an empty state)."""
+        with captured_log(self.verbose) as log:
+            state = super().save_state()
+        if state.llama_state_size == 0:
+            raise StateError(f"state not saved: {_errors(log) or 'llama.cpp gave no reason'}")
         state.pyturbo_sha256 = hashlib.sha256(bytes(state.llama_state)).hexdigest()
         return state
 

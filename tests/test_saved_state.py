@@ -6,6 +6,10 @@
 from __future__ import annotations
 
 import copy
+import os
+import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -213,3 +217,37 @@ def test_slot_files_are_refused_when_they_do_not_fit(build_info, tmp_path):
         finally:
             log = b.close()
         assert "mismatched key type" in log or "mismatched value type" in log, log[-2000:]
+
+
+_SEEDED = r"""
+import pickle, sys
+from pyturbo import data
+from pyturbo.llama import Llama, StateError
+llm = Llama(str(data.tiny_model()), cache_type_k="turboq3", cache_type_v="turboq3", n_ctx=256, n_batch=256, verbose=False)
+llm.eval(llm.tokenize(b"The old man looked at the sea"))
+with open(sys.argv[1], "rb") as f:
+    unseeded = pickle.load(f)
+for what, act in (("save", llm.save_state), ("restore", lambda: llm.load_state(unseeded))):
+    try:
+        act()
+        print(what, "DONE")
+    except StateError as e:
+        print(what, "REFUSED", str(e).replace("\n", " | "))
+"""
+
+
+def test_a_sign_seed_refuses_state_io(Llama, tiny, tmp_path):
+    """TURBOQ_SIGN_SEED (a debug switch, read when the library loads) gives the CPU backend other
+    rotation signs: a state written under it is noise to any other process and the other way
+    round, so state I/O is refused while it is on, with a reason."""
+    llm = make(Llama, tiny, "turboq3", "turboq3")
+    llm.eval(llm.tokenize(PROMPT.encode()))
+    path = tmp_path / "state.pkl"
+    path.write_bytes(pickle.dumps(llm.save_state()))
+    env = {**os.environ, "TURBOQ_SIGN_SEED": "7"}
+    r = subprocess.run([sys.executable, "-c", _SEEDED, str(path)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout + r.stderr[-2000:]
+    for line, what in zip(lines, ("save", "restore")):
+        assert line.startswith(f"{what} REFUSED") and "TURBOQ_SIGN_SEED=7" in line, line

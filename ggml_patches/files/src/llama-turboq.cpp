@@ -196,6 +196,30 @@ void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_
     }
 }
 
+
+// ---- TURBOQ_SIGN_SEED ----
+
+void llama_turboq_check_sign_seed(const llama_turboq_layer_types & lt, ggml_backend_buffer_type_t buft, uint32_t il) {
+    const char * seed = ggml_turboq_sign_seed();
+    if (seed == nullptr || (!ggml_is_turboq(lt.type_k) && !ggml_is_turboq(lt.type_v))) {
+        return;
+    }
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+    if (dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+        return;
+    }
+    throw std::runtime_error(format("layer %u: TURBOQ_SIGN_SEED=%s (a debug switch) changes the turboq rotation of this "
+        "process's CPU backend only, and this layer's KV cache is on %s, which keeps the built-in rotation: the switch would "
+        "be ignored there, or mixed with it; unset TURBOQ_SIGN_SEED, or keep the KV cache on the CPU (--no-kv-offload)",
+        il, seed, ggml_backend_dev_name(dev)));
+}
+
+void llama_turboq_refuse_seeded_state() {
+    if (const char * seed = ggml_turboq_sign_seed()) {
+        throw std::runtime_error(format("TURBOQ_SIGN_SEED=%s (a debug switch) is set: the turboq caches use other rotation "
+            "signs than a process without it, so their state is neither saved nor restored; unset it", seed));
+    }
+}
 // ---- K centering (see llama-turboq.h) ----
 
 namespace {

@@ -14,6 +14,7 @@
 // The table is policies[] in llama-turboq.cpp; pyturbo reads it through llama_turboq_layer_policy.
 
 #include "ggml.h"
+#include "ggml-backend.h"
 
 #include <cstdint>
 #include <vector>
@@ -42,6 +43,32 @@ llama_turboq_layer_types llama_turboq_layer_types_for(int mode, bool boundary, g
 // throws std::runtime_error when a layer's types cannot work (head_dim, flash attention off)
 void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k,
                                     uint32_t n_embd_head_v, bool v_trans);
+
+// ---- TURBOQ_SIGN_SEED (other rotation signs on the CPU backend; debug) ----
+
+// ggml-base's, declared in ggml/src/ggml-turboq.h (not a public header): the seed's text, or NULL
+extern "C" const char * ggml_turboq_sign_seed(void);
+
+// throws std::runtime_error when the switch is on and layer il's turboq cache would live in a
+// buffer of another backend (GPU, RPC), whose kernels use the built-in signs: it would read as noise
+void llama_turboq_check_sign_seed(const llama_turboq_layer_types & lt, ggml_backend_buffer_type_t buft, uint32_t il);
+
+// throws std::runtime_error when the switch is on: a state written or read under it would be
+// noise to (or from) any process with other signs
+void llama_turboq_refuse_seeded_state();
+
+// the check for a cache's state I/O: its layers' k and v (either may be null)
+template <typename layers_t>
+void llama_turboq_check_sign_seed_state(const layers_t & layers) {
+    if (ggml_turboq_sign_seed() == nullptr) {
+        return;
+    }
+    for (const auto & l : layers) {
+        if ((l.k && ggml_is_turboq(l.k->type)) || (l.v && ggml_is_turboq(l.v->type))) {
+            llama_turboq_refuse_seeded_state();
+        }
+    }
+}
 
 // ---- K centering and channel scale ----
 //

@@ -31,6 +31,7 @@
 #include "ggml-impl.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,11 +106,13 @@ static float turboq_tree_sum(float * v) {
 // The rotation signs. TURBOQ_SIGN_SEED=<n> draws others (splitmix64 from seed n, as
 // pyturbo/codebook.py does) on the CPU backend only: an experiment knob for measuring how much
 // a result depends on the particular rotation. Caches written under one seed read as noise under
-// another, and the GPU backends always use the built-in signs.
+// another, and the GPU backends always use the built-in signs, so llama refuses a turboq cache on
+// another backend and state I/O while it is on (ggml_turboq_sign_seed tells it).
 static float turboq_sign1_seeded[TURBOQ_GROUP];
 static float turboq_sign2_seeded[TURBOQ_GROUP];
 static const float * turboq_s1 = turboq_sign1;
 static const float * turboq_s2 = turboq_sign2;
+static char turboq_seed_text[32];
 
 #if defined(__GNUC__)
 __attribute__((constructor))
@@ -135,6 +138,11 @@ static void turboq_signs_from_env(void) {
     }
     turboq_s1 = turboq_sign1_seeded;
     turboq_s2 = turboq_sign2_seeded;
+    snprintf(turboq_seed_text, sizeof(turboq_seed_text), "%s", env);
+}
+
+const char * ggml_turboq_sign_seed(void) {
+    return turboq_s1 == turboq_sign1 ? NULL : turboq_seed_text;
 }
 
 #ifdef TURBOQ_NEON

@@ -31,6 +31,9 @@ GGML_API size_t quantize_turboq8_0(const float * GGML_RESTRICT src, void * GGML_
 GGML_API void ggml_turboq_rotate  (float * x, int64_t n);
 GGML_API void ggml_turboq_unrotate(float * x, int64_t n);
 
+// The TURBOQ_SIGN_SEED debug switch in effect (other rotation signs, CPU backend only), or NULL.
+GGML_API const char * ggml_turboq_sign_seed(void);
+
 // Rotated-domain decode of one block: out[i] = centroid[idx_i] (unscaled); returns the block norm.
 GGML_API float ggml_turboq_decode_rotated(enum ggml_type type, const void * GGML_RESTRICT block, float * GGML_RESTRICT out);
 
