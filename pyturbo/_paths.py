@@ -7,15 +7,23 @@ The libraries and tools are looked for, in order:
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import sys
 from functools import lru_cache
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent  # meaningful in a checkout (and an editable install) only
 PIN_FILE = PACKAGE_DIR / "upstream.json"
-_MARKER = "libggml-base.so"
+
+def library_file(name: str) -> str:
+    """The file name of built library `name` ("llama", "ggml-base", ...) on this platform."""
+    return {"win32": f"{name}.dll", "darwin": f"lib{name}.dylib"}.get(sys.platform, f"lib{name}.so")
+
+
+_MARKER = library_file("ggml-base")
 
 
 @lru_cache(maxsize=1)
@@ -38,6 +46,11 @@ def lib_dir() -> Path:
     if (installed / _MARKER).exists():
         return installed
     return build_dir() / "bin"
+
+
+def library(name: str, directory: Path | None = None, mode: int = ctypes.DEFAULT_MODE) -> ctypes.CDLL:
+    """Load built library `name` ("llama", "ggml", "ggml-base", "ggml-cpu") from directory (lib_dir())."""
+    return ctypes.CDLL(str((directory or lib_dir()) / library_file(name)), mode=mode)
 
 
 def binary(name: str) -> Path:
@@ -72,9 +85,8 @@ def use_patched_llama_cpp() -> Path:
     if not base.exists():
         raise UnpatchedLibraryError(f"LLAMA_CPP_LIB_PATH={path}: no {_MARKER} there; build pyturbo "
                                     f"(bash scripts/setup.sh) or point it at a pyturbo build's bin directory")
-    import ctypes
     try:
-        lib = ctypes.CDLL(str(base))
+        lib = library("ggml-base", path)
         patched = hasattr(lib, "ggml_is_turboq")
     except OSError as e:
         raise UnpatchedLibraryError(f"LLAMA_CPP_LIB_PATH={path}: {base} does not load: {e}") from None

@@ -7,7 +7,7 @@ import os
 import sys
 
 from . import UPSTREAM_COMMIT, UPSTREAM_SDIST, data
-from ._paths import binary, lib_dir, tool_env
+from ._paths import binary, lib_dir, library, tool_env
 from .types import CACHE_TYPES
 
 LLAMA_TOOLS = ("llama-server", "llama-perplexity", "llama-bench", "llama-cli", "test-backend-ops", "ggml-rpc-server")
@@ -35,7 +35,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     }
     try:
         import ctypes as C
-        lib = C.CDLL(str(lib_dir() / "libggml.so"))
+        lib = library("ggml")
         lib.ggml_backend_reg_count.restype = C.c_size_t
         lib.ggml_backend_reg_get.restype = C.c_void_p
         lib.ggml_backend_reg_get.argtypes = [C.c_size_t]

@@ -9,7 +9,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ._paths import lib_dir
+from ._paths import library
 from .types import cache_type
 
 
@@ -35,10 +35,8 @@ TO_FLOAT = C.CFUNCTYPE(None, C.c_void_p, C.c_void_p, C.c_int64)
 
 class Ggml:
     def __init__(self) -> None:
-        d = lib_dir()
-        mode = C.RTLD_GLOBAL
-        self.base = C.CDLL(str(d / "libggml-base.so"), mode=mode)
-        self.cpu = C.CDLL(str(d / "libggml-cpu.so"), mode=mode)
+        self.base = library("ggml-base", mode=C.RTLD_GLOBAL)
+        self.cpu = library("ggml-cpu", mode=C.RTLD_GLOBAL)
         b, cpu = self.base, self.cpu
         vp, i64 = C.c_void_p, C.c_int64
         b.ggml_quantize_chunk.restype = C.c_size_t

@@ -9,7 +9,7 @@ import ctypes as C
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ._paths import lib_dir
+from ._paths import lib_dir, library, library_file
 from .types import CACHE_TYPES
 
 
@@ -37,11 +37,11 @@ class LayerPolicy:
 
 @lru_cache(maxsize=1)
 def policies() -> dict[int, LayerPolicy]:
-    lib = C.CDLL(str(lib_dir() / "libllama.so"))
+    lib = library("llama")
     try:
         fn = lib.llama_turboq_layer_policy
     except AttributeError:
-        raise OSError(f"{lib_dir() / 'libllama.so'} has no llama_turboq_layer_policy: an unpatched or older "
+        raise OSError(f"{lib_dir() / library_file('llama')} has no llama_turboq_layer_policy: an unpatched or older "
                       f"build; rebuild with `bash scripts/setup.sh`") from None
     fn.restype = C.c_bool
     fn.argtypes = [C.c_int32, C.POINTER(C.c_int32)]
