@@ -240,7 +240,9 @@ class LayerError:
 
 
 def replay_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, kh: np.ndarray, vh: np.ndarray,
-                 scale: float, window: int = 0) -> LayerError:
+                 scale: float, window: int = 0, recent: int = 0) -> LayerError:
+    """`window`: the layer's sliding window; `recent`: each query reads its own last `recent`
+    keys and values exact (an f16 tail that quantizes a token as it leaves it)."""
     T, Hq, _ = q.shape
     Hk = k.shape[1]
     rows = np.arange(T // 2, T)
@@ -248,13 +250,14 @@ def replay_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, kh: np.ndarray, vh
     mask = pos[None, :] <= rows[:, None]
     if window:
         mask &= rows[:, None] - pos[None, :] < window
+    tail = mask & (rows[:, None] - pos[None, :] < recent)
     se = tv = on = od = 0.0
     cnt = 0
     for h in range(Hq):
         j = h // (Hq // Hk)
         qs = q[rows, h].astype(np.float64) * scale
         L = qs @ k[:, j].astype(np.float64).T
-        Lh = qs @ kh[:, j].astype(np.float64).T
+        Lh = np.where(tail, L, qs @ kh[:, j].astype(np.float64).T)
         d = np.where(mask, Lh - L, 0)
         L = np.where(mask, L, -np.inf)
         Lh = np.where(mask, Lh, -np.inf)
@@ -264,7 +267,7 @@ def replay_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, kh: np.ndarray, vh
         Ph = np.exp(Lh - Lh.max(1, keepdims=True)); Ph /= Ph.sum(1, keepdims=True)
         tv += 0.5 * np.sum(np.abs(P - Ph))
         o = P @ v[:, j].astype(np.float64)
-        oh = Ph @ vh[:, j].astype(np.float64)
+        oh = Ph @ vh[:, j].astype(np.float64) + (Ph * tail) @ (v[:, j] - vh[:, j]).astype(np.float64)
         on += np.sum((oh - o) ** 2)
         od += np.sum(o * o)
     return LayerError(float(np.sqrt(se / cnt)), float(tv / (Hq * len(rows))), float(on / od))
@@ -274,7 +277,7 @@ Codec = Callable[[np.ndarray, int, str], np.ndarray]  # (x [T,H,D], layer, "k"|"
 
 
 def replay(chunks: list[dict[str, np.ndarray]], k_codec: Codec, v_codec: Codec, scale: float,
-           windows: dict[int, int] | None = None) -> list[LayerError]:
+           windows: dict[int, int] | None = None, recent: int = 0) -> list[LayerError]:
     """Per-layer errors averaged over the chunks."""
     n_layer = sum(1 for key in chunks[0] if key.startswith("k"))
     res = []
@@ -283,7 +286,7 @@ def replay(chunks: list[dict[str, np.ndarray]], k_codec: Codec, v_codec: Codec, 
         for ch in chunks:
             q, k, v = ch[f"q{il}"], ch[f"k{il}"], ch[f"v{il}"]
             errs.append(replay_layer(q, k, v, k_codec(k, il, "k"), v_codec(v, il, "v"), scale,
-                                     (windows or {}).get(il, 0)))
+                                     (windows or {}).get(il, 0), recent))
         res.append(LayerError(*(float(np.mean([getattr(e, f) for e in errs]))
                                 for f in ("logit_rmse", "tv", "out_rel"))))
     return res
@@ -372,6 +375,13 @@ def variant_table(scales: dict[int, np.ndarray] | None = None) -> list[tuple[str
                          lambda s, b=b: (tq(V(b, "ls", seed=s), scales=sc), tq(V(b, "ls", seed=s)))))
         rows.append(("turboq3 K / turboq4 V + channel scale", 3.6875,
                      lambda s: (tq(V(3, seed=s), scales=scales), tq(V(4, seed=s)))))
+        # bits per value at the lab's 512-token context: W of the 512 tokens at 16 bits
+        for w in (1, 4, 16, 64):
+            for b in (3, 2):
+                rows.append((f"turboq{b} + channel scale + last {w} tokens exact", bpw[b] + (16 - bpw[b]) * w / 512,
+                             lambda s, b=b, w=w: (tq(V(b, seed=s), scales=scales), tq(V(b, seed=s)), w)))
+            rows.append((f"turboq3 K / turboq4 V + channel scale + last {w} tokens exact", 3.6875 + (16 - 3.6875) * w / 512,
+                         lambda s, w=w: (tq(V(3, seed=s), scales=scales), tq(V(4, seed=s)), w)))
     return rows
 
 
@@ -384,8 +394,8 @@ def run_table(chunks: list[dict[str, np.ndarray]], scale: float, seeds: list[int
             continue
         vals = []
         for s in seeds:
-            k, v = make(s)
-            errs = replay(chunks, k, v, scale)
+            k, v, *recent = make(s)
+            errs = replay(chunks, k, v, scale, recent=recent[0] if recent else 0)
             vals.append([sum(e.logit_rmse for e in errs), sum(e.tv for e in errs), sum(e.out_rel for e in errs)])
         out.append((name, bpw, np.array(vals)))
     return out
