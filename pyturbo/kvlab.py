@@ -127,7 +127,7 @@ def load(path: Path) -> list[dict[str, np.ndarray]]:
 # ---- encoder variants (float64 NumPy; the shipped codec is `Variant(bits)` with the built-in signs) ----
 
 @lru_cache(maxsize=None)
-def rotation(kind: str = "wht", seed: int | None = None) -> np.ndarray:
+def rotation(kind: str = "wht", seed: int | None = None, d: int = D) -> np.ndarray:
     """Orthogonal R [128,128] with y = R x: the randomized WHT (signs from splitmix64, as
     pyturbo.codebook; seed None = the shipped signs), or RotorQuant's block rotations:
     "planar" (random 2-D Givens rotations of pairs) and "iso" (random 4-D rotations, the
@@ -136,13 +136,13 @@ def rotation(kind: str = "wht", seed: int | None = None) -> np.ndarray:
         bits = [b & 1 for b in splitmix64(SIGN_SEED if seed is None else seed, 2 * D)]
         s = np.where(np.array(bits) == 1, -1.0, 1.0)
         h = np.array([[1.0]])
-        while h.shape[0] < D:
+        while h.shape[0] < d:
             h = np.block([[h, h], [h, -h]])
-        return (s[D:, None] * h * s[None, :D]) / np.sqrt(D)
+        return (s[D:D + d, None] * h * s[None, :d]) / np.sqrt(d)
     rng = np.random.default_rng(0 if seed is None else seed)
     b = {"planar": 2, "iso": 4}[kind]
-    r = np.zeros((D, D))
-    for i in range(0, D, b):
+    r = np.zeros((d, d))
+    for i in range(0, d, b):
         q, rr = np.linalg.qr(rng.standard_normal((b, b)))
         r[i:i + b, i:i + b] = q * np.sign(np.diag(rr))
     return r
@@ -158,14 +158,32 @@ class Variant:
     rot: str = "wht"           # wht | planar | iso
     qjl: bool = False          # (bits)-bit MSE codes + a 1-bit QJL sketch of the residual, ||r|| in rnorm
     seed: int | None = None    # rotation draw
+    group: int = D             # values per rotation group (and fp16 norm): 128 ships; 64 and 32 for
+                               # heads that are not a multiple of 128 (issue 22), with their own codebooks
 
     @property
     def name(self) -> str:
         return f"turboq{self.bits}"
 
 
-def _nearest(y: np.ndarray, name: str) -> np.ndarray:
-    return np.searchsorted(thresholds()[name], y.ravel(), side="left").reshape(y.shape)
+def _nearest(y: np.ndarray, name: str, group: int = D) -> np.ndarray:
+    thr = thresholds()[name] if group == D else _lloyd_max(group, int(name[-1]))[1]
+    return np.searchsorted(thr, y.ravel(), side="left").reshape(y.shape)
+
+
+@lru_cache(maxsize=None)
+def _lloyd_max(d: int, bits: int, n: int = 1 << 18, rounds: int = 300) -> tuple[np.ndarray, np.ndarray]:
+    """(centroids, thresholds) of the Lloyd-Max quantizer for one coordinate of a randomly rotated
+    unit vector in R^d (pyturbo.codebook's density, for another d), on a midpoint grid."""
+    x = (np.arange(n) + 0.5) * (2.0 / n) - 1.0
+    w = np.exp((d - 3) / 2.0 * np.log1p(-x * x))
+    w /= w.sum()
+    c = np.linspace(-2.5, 2.5, 2 ** bits) / np.sqrt(d)
+    for _ in range(rounds):
+        t = 0.5 * (c[1:] + c[:-1])
+        k = np.searchsorted(t, x)
+        c = np.bincount(k, w * x, 2 ** bits) / np.maximum(np.bincount(k, w, 2 ** bits), 1e-300)
+    return c, 0.5 * (c[1:] + c[:-1])
 
 
 def _ls(y: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -176,19 +194,20 @@ def _ls(y: np.ndarray, c: np.ndarray) -> np.ndarray:
 def encode_decode(x: np.ndarray, v: Variant) -> np.ndarray:
     """x [..., head_dim] -> decoded x_hat, groups of 128 along the last axis."""
     shape = x.shape
-    g = x.reshape(-1, D).astype(np.float64)
+    G = v.group
+    g = x.reshape(-1, G).astype(np.float64)
     nrm = np.sqrt(np.sum(g * g, 1, keepdims=True))
     nrm = np.where(nrm == 0, 1, nrm)
-    R = rotation(v.rot, v.seed)
+    R = rotation(v.rot, v.seed, G)
     y = (g / nrm) @ R.T
-    cb = codebooks()[v.name].astype(np.float64)
+    cb = codebooks()[v.name].astype(np.float64) if G == D or v.bits == 8 else _lloyd_max(G, v.bits)[0]
     if v.bits == 8:
         a = np.max(np.abs(y), 1, keepdims=True)
         c = cb[np.clip(np.floor(y * (127.5 / a) + 128.0), 0, 255).astype(int)] * a
     else:
-        c = cb[_nearest(y, v.name)]
+        c = cb[_nearest(y, v.name, G)]
     out = np.zeros_like(y)
-    for sl in ([slice(0, D // 2), slice(D // 2, D)] if v.halves else [slice(0, D)]):
+    for sl in ([slice(0, G // 2), slice(G // 2, G)] if v.halves else [slice(0, G)]):
         yy, cc = y[:, sl], c[:, sl]
         if v.scale == "corrected":
             s = np.sqrt(np.sum(yy * yy, 1, keepdims=True) / np.maximum(np.sum(cc * cc, 1, keepdims=True), 1e-30))
@@ -199,7 +218,7 @@ def encode_decode(x: np.ndarray, v: Variant) -> np.ndarray:
         elif v.scale == "search":  # alternate: indices for the scale, least-squares scale for the indices
             s = _ls(yy, cc)
             for _ in range(4 if v.bits < 8 else 0):
-                cc = cb[_nearest(yy / np.where(s == 0, 1, s), v.name)]
+                cc = cb[_nearest(yy / np.where(s == 0, 1, s), v.name, G)]
                 s = _ls(yy, cc)
         else:
             raise ValueError(v.scale)
@@ -207,9 +226,9 @@ def encode_decode(x: np.ndarray, v: Variant) -> np.ndarray:
     xh = (out @ R) * nrm
     if v.qjl:
         r = g - xh
-        S = np.random.default_rng(1234 if v.seed is None else v.seed + 1).standard_normal((D, D))
+        S = np.random.default_rng(1234 if v.seed is None else v.seed + 1).standard_normal((G, G))
         rn = np.sqrt(np.sum(r * r, 1, keepdims=True))
-        xh = xh + rn * np.sqrt(np.pi / 2) / D * (np.sign(r @ S.T) @ S)
+        xh = xh + rn * np.sqrt(np.pi / 2) / G * (np.sign(r @ S.T) @ S)
     return xh.astype(np.float32).reshape(shape)
 
 
@@ -375,6 +394,11 @@ def variant_table(scales: dict[int, np.ndarray] | None = None) -> list[tuple[str
                          lambda s, b=b: (tq(V(b, "ls", seed=s), scales=sc), tq(V(b, "ls", seed=s)))))
         rows.append(("turboq3 K / turboq4 V + channel scale", 3.6875,
                      lambda s: (tq(V(3, seed=s), scales=scales), tq(V(4, seed=s)))))
+        # smaller rotation groups, each with its own fp16 norm (issue 22: head_dim 64, 96, 80)
+        for g in (64, 32):
+            for b in (4, 3, 2):
+                rows.append((f"turboq{b} + channel scale, {g}-value groups", b + 16 / g,
+                             lambda s, b=b, g=g: (tq(V(b, seed=s, group=g), scales=scales), tq(V(b, seed=s, group=g)))))
         # bits per value at the lab's 512-token context: W of the 512 tokens at 16 bits
         for w in (1, 4, 16, 64):
             for b in (3, 2):
@@ -386,10 +410,11 @@ def variant_table(scales: dict[int, np.ndarray] | None = None) -> list[tuple[str
 
 
 def run_table(chunks: list[dict[str, np.ndarray]], scale: float, seeds: list[int | None],
-              only: list[str] | None = None) -> list[tuple[str, float, np.ndarray]]:
-    """Per variant: (name, bpw, array [seeds, 3] of summed logit RMS, summed TV, summed output error)."""
+              only: list[str] | None = None, neox: bool = True) -> list[tuple[str, float, np.ndarray]]:
+    """Per variant: (name, bpw, array [seeds, 3] of summed logit RMS, summed TV, summed output error);
+    neox: the model's RoPE pairs (c, c + d/2), else (2c, 2c + 1)."""
     out = []
-    for name, bpw, make in variant_table(channel_scales(chunks)):
+    for name, bpw, make in variant_table(channel_scales(chunks, neox)):
         if only and not any(o in name for o in only):
             continue
         vals = []
@@ -458,7 +483,9 @@ def main(args) -> None:
     scale = args.attn_scale
     seeds: list[int | None] = [None, *range(1, args.seeds)]
     only = list(END_TO_END) if args.action == "validate" else args.only
-    rows = run_table(chunks, scale, seeds, only)
+    from .gguf_meta import read_metadata
+    neox = read_metadata(model).get("general.architecture") not in ("llama", "mistral", "granite")
+    rows = run_table(chunks, scale, seeds, only, neox)
     e2e = end_to_end([r[0] for r in rows], args.e2e_chunks, args.threads) if args.action == "validate" else {}
     print(f"\n{model.name}: {len(chunks)} chunks of 512 tokens, {len(seeds)} rotation draw(s); sums over layers, "
           "mean ± spread over the draws\n")

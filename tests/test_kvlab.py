@@ -42,3 +42,25 @@ def test_lab_orders_configurations_as_end_to_end_kld(chunks):
     out = {name: a[0, 2] for name, _, a in kvlab.run_table(chunks, 256 ** -0.5, [None], only=order)}
     got = [out[n] for n in order]
     assert got == sorted(got), dict(zip(order, got))
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_smaller_groups_use_the_codebook_of_their_dimension(bits):
+    """The lab's Lloyd-Max for another group size, at 128, is the shipped codebook (to its grid);
+    at 64 it is another one (a coordinate of a 64-vector spreads sqrt(2) wider)."""
+    from pyturbo.codebook import codebooks
+    c128, _ = kvlab._lloyd_max(128, bits)
+    np.testing.assert_allclose(c128, codebooks()[f"turboq{bits}"], rtol=0, atol=1e-4)
+    c64, _ = kvlab._lloyd_max(64, bits)
+    assert np.all(np.abs(c64 / c128 - np.sqrt(2)) < 0.03)
+
+
+def test_a_window_that_covers_the_context_is_exact(chunks):
+    """replay with `recent` >= the chunk: every query reads every key and value exact."""
+    ch = chunks[0]
+    q, k, v = ch["q5"], ch["k5"], ch["v5"]
+    noisy = kvlab.tq(Variant(2))
+    kh, vh = noisy(k, 5, "k"), noisy(v, 5, "v")
+    assert kvlab.replay_layer(q, k, v, kh, vh, 0.0625).out_rel > 0.1
+    e = kvlab.replay_layer(q, k, v, kh, vh, 0.0625, recent=len(k))
+    assert e.logit_rmse == 0 and e.tv == 0 and e.out_rel < 1e-12  # float64 rounding of the V sum only
