@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("action", choices=["dump", "replay", "validate"],
                    help="dump Q/K/V; replay the variant table; validate = replay + llama-perplexity KLD and rank correlation")
     p.add_argument("--model", help="GGUF (default: bundled Gemma 3 270M)")
-    p.add_argument("--chunks", type=int, default=2, help="512-token chunks to dump/replay")
+    p.add_argument("--chunks", type=int, default=2, help="chunks to dump/replay")
+    p.add_argument("--ctx", type=int, default=512, help="tokens per chunk (a sliding-window model's windows are applied)")
     p.add_argument("--seeds", type=int, default=3, help="rotation draws per variant (the shipped one + N-1 others)")
     p.add_argument("--only", nargs="+", help="variants whose name contains one of these")
     p.add_argument("--attn-scale", type=float, default=256 ** -0.5, help="logit scale (Gemma 3: query_pre_attn_scalar^-1/2)")

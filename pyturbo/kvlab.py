@@ -358,7 +358,7 @@ def exact(x: np.ndarray, il: int, which: str) -> np.ndarray:
     return x
 
 
-def variant_table(scales: dict[int, np.ndarray] | None = None) -> list[tuple[str, float, Callable[[int | None], tuple[Codec, Codec]]]]:
+def variant_table(scales: dict[int, np.ndarray] | None = None, ctx: int = 512) -> list[tuple[str, float, Callable[[int | None], tuple[Codec, Codec]]]]:
     """(name, bits per value of K and V together, seed -> (K codec, V codec)); with `scales`,
     also the rows of the K channel scale."""
     V = Variant
@@ -399,28 +399,30 @@ def variant_table(scales: dict[int, np.ndarray] | None = None) -> list[tuple[str
             for b in (4, 3, 2):
                 rows.append((f"turboq{b} + channel scale, {g}-value groups", b + 16 / g,
                              lambda s, b=b, g=g: (tq(V(b, seed=s, group=g), scales=scales), tq(V(b, seed=s, group=g)))))
-        # bits per value at the lab's 512-token context: W of the 512 tokens at 16 bits
+        # bits per value at the lab's context: W of its ctx tokens at 16 bits
         for w in (1, 4, 16, 64):
             for b in (3, 2):
-                rows.append((f"turboq{b} + channel scale + last {w} tokens exact", bpw[b] + (16 - bpw[b]) * w / 512,
+                rows.append((f"turboq{b} + channel scale + last {w} tokens exact", bpw[b] + (16 - bpw[b]) * w / ctx,
                              lambda s, b=b, w=w: (tq(V(b, seed=s), scales=scales), tq(V(b, seed=s)), w)))
-            rows.append((f"turboq3 K / turboq4 V + channel scale + last {w} tokens exact", 3.6875 + (16 - 3.6875) * w / 512,
+            rows.append((f"turboq3 K / turboq4 V + channel scale + last {w} tokens exact", 3.6875 + (16 - 3.6875) * w / ctx,
                          lambda s, w=w: (tq(V(3, seed=s), scales=scales), tq(V(4, seed=s)), w)))
     return rows
 
 
 def run_table(chunks: list[dict[str, np.ndarray]], scale: float, seeds: list[int | None],
-              only: list[str] | None = None, neox: bool = True) -> list[tuple[str, float, np.ndarray]]:
+              only: list[str] | None = None, neox: bool = True,
+              windows: dict[int, int] | None = None) -> list[tuple[str, float, np.ndarray]]:
     """Per variant: (name, bpw, array [seeds, 3] of summed logit RMS, summed TV, summed output error);
-    neox: the model's RoPE pairs (c, c + d/2), else (2c, 2c + 1)."""
+    neox: the model's RoPE pairs (c, c + d/2), else (2c, 2c + 1); windows: layer -> sliding window."""
     out = []
-    for name, bpw, make in variant_table(channel_scales(chunks, neox)):
+    ctx = len(chunks[0]["k0"])
+    for name, bpw, make in variant_table(channel_scales(chunks, neox), ctx):
         if only and not any(o in name for o in only):
             continue
         vals = []
         for s in seeds:
             k, v, *recent = make(s)
-            errs = replay(chunks, k, v, scale, recent=recent[0] if recent else 0)
+            errs = replay(chunks, k, v, scale, windows, recent=recent[0] if recent else 0)
             vals.append([sum(e.logit_rmse for e in errs), sum(e.tv for e in errs), sum(e.out_rel for e in errs)])
         out.append((name, bpw, np.array(vals)))
     return out
@@ -472,22 +474,31 @@ def main(args) -> None:
     """`pyturbo kvlab {dump,replay,validate}`: see the module docstring."""
     from . import data
 
+    from .gguf_meta import read_metadata
+
     model = Path(args.model) if args.model else data.default_model()
-    path = lab_dir() / model.stem
+    ctx = args.ctx
+    path = lab_dir() / (model.stem if ctx == 512 else f"{model.stem}-c{ctx}")
     if args.action == "dump":
-        print(dump(model, data.corpus(), chunks=args.chunks))
+        print(dump(model, data.corpus(), n_ctx=ctx, chunks=args.chunks, out=path))
         return
     if not any(path.glob("chunk*.npz")):
-        dump(model, data.corpus(), chunks=max(args.chunks, 2))
+        dump(model, data.corpus(), n_ctx=ctx, chunks=max(args.chunks, 2), out=path)
     chunks = load(path)[:args.chunks]
     scale = args.attn_scale
     seeds: list[int | None] = [None, *range(1, args.seeds)]
     only = list(END_TO_END) if args.action == "validate" else args.only
-    from .gguf_meta import read_metadata
-    neox = read_metadata(model).get("general.architecture") not in ("llama", "mistral", "granite")
-    rows = run_table(chunks, scale, seeds, only, neox)
+    meta = read_metadata(model)
+    arch = meta.get("general.architecture")
+    neox = arch not in ("llama", "mistral", "granite")
+    windows = None
+    if arch == "gemma3" and ctx > int(meta.get("gemma3.attention.sliding_window", ctx)):
+        # llama.cpp's Gemma 3: every sixth layer is global, the others slide (not stored in the GGUF)
+        n_layer = sum(1 for key in chunks[0] if key.startswith("k"))
+        windows = {il: int(meta["gemma3.attention.sliding_window"]) for il in range(n_layer) if (il + 1) % 6}
+    rows = run_table(chunks, scale, seeds, only, neox, windows)
     e2e = end_to_end([r[0] for r in rows], args.e2e_chunks, args.threads) if args.action == "validate" else {}
-    print(f"\n{model.name}: {len(chunks)} chunks of 512 tokens, {len(seeds)} rotation draw(s); sums over layers, "
+    print(f"\n{model.name}: {len(chunks)} chunks of {ctx} tokens, {len(seeds)} rotation draw(s); sums over layers, "
           "mean ± spread over the draws\n")
     head = "| variant | bpw | logit RMS | softmax TV | attention-output error |"
     if e2e:
