@@ -121,10 +121,17 @@ def test_flash_attention_off_with_turboq_k_is_an_error(tiny128, short_text):
 
 
 def test_head_dim_64_is_refused_with_its_head_dim(tiny64, short_text):
+    """The refusal names the head size, the layer, why (128-value groups) and what works (issue 22)."""
     r = run_tool("llama-perplexity", "-m", str(tiny64), "-f", str(short_text), "-c", "128",
                  "-ctk", "turboq3", "-ctv", "turboq3", check=False)
     assert r.returncode > 0
-    assert "n_embd_head_k=64" in r.stderr + r.stdout
+    out = r.stderr + r.stdout
+    assert "n_embd_head_k=64" in out
+    assert "layer 0: K cache turboq3: turboq types rotate and store groups of 128 values" in out
+    assert "this model's is 64; caches that work with it: q8_0" in out
+    ok = run_tool("llama-perplexity", "-m", str(tiny64), "-f", str(short_text), "-c", "128", "--chunks", "1",
+                  "-ctk", "q8_0", "-ctv", "q4_0", "-fa", "on")
+    assert "Final estimate" in ok.stdout + ok.stderr  # what the message names does work
 
 
 def test_help_lists_turboq_types():

@@ -176,6 +176,15 @@ llama_turboq_layer_types llama_turboq_layer_types_for(int mode, bool boundary, g
     return { type_k, pick(p->v_other, type_v) };
 }
 
+void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t il, uint32_t n_embd_head) {
+    if (!ggml_is_turboq(type)) {
+        return;
+    }
+    LLAMA_LOG_ERROR("%s: layer %u: %s cache %s: turboq types rotate and store groups of 128 values, so they need a "
+        "head size that is a multiple of 128, and this model's is %u; caches that work with it: q8_0 (8.5 bits per "
+        "value) or q4_0 (4.5), whose blocks are 32 values, or f16\n", __func__, il, side, ggml_type_name(type), n_embd_head);
+}
+
 void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k, uint32_t n_embd_head_v, bool v_trans) {
     const auto fail = [&](const std::string & why) {
         throw std::runtime_error("TURBO_LAYER_ADAPTIVE: layer " + std::to_string(il) + ": " + why);

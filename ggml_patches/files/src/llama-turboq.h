@@ -40,6 +40,10 @@ std::vector<bool> llama_turboq_boundary_layers(int mode, const llama_model & mod
 // K/V types of a layer under mode, given whether it is a boundary layer and the requested types
 llama_turboq_layer_types llama_turboq_layer_types_for(int mode, bool boundary, ggml_type type_k, ggml_type type_v);
 
+// logs, after upstream's "block size does not divide n_embd_head" refusal of a turboq `type` for
+// layer il, why (128-value groups) and which cache types work for that head size
+void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t il, uint32_t n_embd_head);
+
 // throws std::runtime_error when a layer's types cannot work (head_dim, flash attention off)
 void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k,
                                     uint32_t n_embd_head_v, bool v_trans);
