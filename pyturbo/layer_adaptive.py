@@ -6,6 +6,7 @@ Python never keeps a copy that could drift.
 from __future__ import annotations
 
 import ctypes as C
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -32,6 +33,9 @@ class LayerPolicy:
         """For the modes that pick boundary layers by position (k_gain_div == 0)."""
         if self.k_gain_div:
             raise ValueError(f"TURBO_LAYER_ADAPTIVE={self.mode} picks its layers from the model's K weights")
+        return self.at_the_ends(il, n_layer)
+
+    def at_the_ends(self, il: int, n_layer: int) -> bool:
         return il < self.n_first or il + self.n_last >= n_layer
 
 
@@ -73,3 +77,31 @@ def layer_types(mode: int, il: int, n_layer: int, type_k: str, type_v: str) -> t
         return type_k, type_v
     p = policies()[check_mode(mode)]
     return p.types(p.is_boundary(il, n_layer), type_k, type_v)
+
+
+def boundary_layers(mode: int, n_layer: int, k_gains: Sequence[float] | None = None) -> list[bool]:
+    """Which layers are the mode's boundary layers, chosen as llama.cpp does
+    (llama_turboq_boundary_layers): by position, or for the modes that rank K gain (3) the
+    n_layer // k_gain_div (at least 1) largest of k_gains, ties to the lower layer, plus the
+    positional ones. All False for mode 0."""
+    if mode == 0:
+        return [False] * n_layer
+    p = policies()[check_mode(mode)]
+    positional = [p.at_the_ends(il, n_layer) for il in range(n_layer)]
+    if not p.k_gain_div:
+        return positional
+    if k_gains is None or len(k_gains) != n_layer:
+        raise ValueError(f"layer-adaptive mode {mode} ranks layers by K gain: pass k_gains, one per layer "
+                         f"({n_layer}), e.g. pyturbo.hf.k_gains_from_gguf(model.gguf)")
+    order = sorted(range(n_layer), key=lambda il: (-k_gains[il], il))
+    picked = set(order[:max(1, n_layer // p.k_gain_div)])
+    return [il in picked or positional[il] for il in range(n_layer)]
+
+
+def layer_cache_types(mode: int, n_layer: int, type_k: str, type_v: str,
+                      k_gains: Sequence[float] | None = None) -> list[tuple[str, str]]:
+    """(K type, V type) of every layer under the mode (k_gains: see boundary_layers)."""
+    if mode == 0:
+        return [(type_k, type_v)] * n_layer
+    p = policies()[check_mode(mode)]
+    return [p.types(b, type_k, type_v) for b in boundary_layers(mode, n_layer, k_gains)]

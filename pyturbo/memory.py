@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .layer_adaptive import layer_types, policies
+from .layer_adaptive import boundary_layers, policies
 from .types import cache_type
 
 KV_PAD = 256
@@ -78,13 +78,12 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     cells_swa = (cells_full if swa_full else min(cells_full, _pad(g.n_swa * n_seq + n_ubatch))) if g.n_swa else 0
     cells = [cells_swa if g.is_swa(il) else cells_full for il in range(g.n_layer)]
     policy = policies().get(layer_adaptive) if layer_adaptive else None
-    ranked: set[int] = set()
-    if policy is not None and policy.k_gain_div:
-        if not upper_bound:
-            raise ValueError(f"TURBO_LAYER_ADAPTIVE={layer_adaptive} picks its layers from the model's K weights; "
-                             "pass upper_bound=True for a bound")
-        n = max(1, g.n_layer // policy.k_gain_div)
-        ranked = set(sorted(range(g.n_layer), key=lambda il: -cells[il])[:n])
+    ranked = policy is not None and policy.k_gain_div
+    if ranked and not upper_bound:
+        raise ValueError(f"TURBO_LAYER_ADAPTIVE={layer_adaptive} picks its layers from the model's K weights; "
+                         "pass upper_bound=True for a bound")
+    # for a bound, the layers with the most cells stand in for those of largest K gain
+    boundary = boundary_layers(layer_adaptive, g.n_layer, cells if ranked else None)
 
     def row_bytes(t: str, hd: int) -> int:
         ct = cache_type(t)
@@ -92,11 +91,9 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
 
     total = 0
     for il in range(g.n_layer):
-        if policy is not None and policy.k_gain_div:
-            tk, tv = policy.types(il in ranked, cache_type_k, cache_type_v)
+        tk, tv = policy.types(boundary[il], cache_type_k, cache_type_v) if policy else (cache_type_k, cache_type_v)
+        if ranked:
             # the boundary type may be smaller than the requested one: bound each by the larger
             tk = max((tk, cache_type_k), key=lambda t: row_bytes(t, g.head_dim_k))
-        else:
-            tk, tv = layer_types(layer_adaptive, il, g.n_layer, cache_type_k, cache_type_v)
         total += cells[il] * (row_bytes(tk, g.head_dim_k) + row_bytes(tv, g.head_dim_v))
     return total

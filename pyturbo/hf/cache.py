@@ -234,18 +234,7 @@ def layer_cache_types(n_layer: int, type_k: str, type_v: str, layer_adaptive: in
     n_layer // k_gain_div (at least 1) largest, ties to the lower layer, as llama.cpp does.
     """
     tk, tv = tc.check_type(type_k).name, tc.check_type(type_v).name
-    if layer_adaptive == 0:
-        return [(tk, tv)] * n_layer
-    la.check_mode(layer_adaptive)
-    p = la.policies()[layer_adaptive]
-    if not p.k_gain_div:
-        return [la.layer_types(layer_adaptive, il, n_layer, tk, tv) for il in range(n_layer)]
-    if k_gains is None or len(k_gains) != n_layer:
-        raise ValueError(f"layer-adaptive mode {layer_adaptive} ranks layers by K gain: pass k_gains, one per layer "
-                         f"({n_layer}), e.g. k_gains_from_gguf(model.gguf)")
-    order = sorted(range(n_layer), key=lambda il: (-k_gains[il], il))
-    picked = set(order[:max(1, n_layer // p.k_gain_div)])
-    return [p.types(il in picked or il < p.n_first or il + p.n_last >= n_layer, tk, tv) for il in range(n_layer)]
+    return la.layer_cache_types(layer_adaptive, n_layer, tk, tv, k_gains)
 
 
 class TurboQuantCache(DynamicCache):
