@@ -411,13 +411,14 @@ def variant_table(scales: dict[int, np.ndarray] | None = None, ctx: int = 512) -
 
 def run_table(chunks: list[dict[str, np.ndarray]], scale: float, seeds: list[int | None],
               only: list[str] | None = None, neox: bool = True,
-              windows: dict[int, int] | None = None) -> list[tuple[str, float, np.ndarray]]:
+              windows: dict[int, int] | None = None, exact: bool = False) -> list[tuple[str, float, np.ndarray]]:
     """Per variant: (name, bpw, array [seeds, 3] of summed logit RMS, summed TV, summed output error);
-    neox: the model's RoPE pairs (c, c + d/2), else (2c, 2c + 1); windows: layer -> sliding window."""
+    only: names that contain one of these (exact: names in it); neox: the model's RoPE pairs
+    (c, c + d/2), else (2c, 2c + 1); windows: layer -> sliding window."""
     out = []
     ctx = len(chunks[0]["k0"])
     for name, bpw, make in variant_table(channel_scales(chunks, neox), ctx):
-        if only and not any(o in name for o in only):
+        if only and not (name in only if exact else any(o in name for o in only)):
             continue
         vals = []
         for s in seeds:
@@ -496,7 +497,7 @@ def main(args) -> None:
         # llama.cpp's Gemma 3: every sixth layer is global, the others slide (not stored in the GGUF)
         n_layer = sum(1 for key in chunks[0] if key.startswith("k"))
         windows = {il: int(meta["gemma3.attention.sliding_window"]) for il in range(n_layer) if (il + 1) % 6}
-    rows = run_table(chunks, scale, seeds, only, neox, windows)
+    rows = run_table(chunks, scale, seeds, only, neox, windows, exact=args.action == "validate")
     e2e = end_to_end([r[0] for r in rows], args.e2e_chunks, args.threads) if args.action == "validate" else {}
     print(f"\n{model.name}: {len(chunks)} chunks of {ctx} tokens, {len(seeds)} rotation draw(s); sums over layers, "
           "mean ± spread over the draws\n")

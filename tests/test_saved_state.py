@@ -221,33 +221,48 @@ def test_slot_files_are_refused_when_they_do_not_fit(build_info, tmp_path):
 
 _SEEDED = r"""
 import pickle, sys
+import numpy as np
 from pyturbo import data
 from pyturbo.llama import Llama, StateError
 llm = Llama(str(data.tiny_model()), cache_type_k="turboq3", cache_type_v="turboq3", n_ctx=256, n_batch=256, verbose=False)
 llm.eval(llm.tokenize(b"The old man looked at the sea"))
+own = llm.save_state()
+llm.eval([1, 2, 3])
+llm.load_state(own)
+print("own state", "RESTORED" if bytes(llm.save_state().llama_state) == bytes(own.llama_state) else "DIFFERS")
 with open(sys.argv[1], "rb") as f:
     unseeded = pickle.load(f)
-for what, act in (("save", llm.save_state), ("restore", lambda: llm.load_state(unseeded))):
-    try:
-        act()
-        print(what, "DONE")
-    except StateError as e:
-        print(what, "REFUSED", str(e).replace("\n", " | "))
+try:
+    llm.load_state(unseeded)
+    print("unseeded state DONE")
+except StateError as e:
+    print("unseeded state REFUSED", str(e).replace("\n", " | "))
+with open(sys.argv[2], "wb") as f:
+    pickle.dump(own, f)
 """
 
 
-def test_a_sign_seed_refuses_state_io(Llama, tiny, tmp_path):
+def test_a_state_carries_its_sign_seed(Llama, tiny, tmp_path):
     """TURBOQ_SIGN_SEED (a debug switch, read when the library loads) gives the CPU backend other
-    rotation signs: a state written under it is noise to any other process and the other way
-    round, so state I/O is refused while it is on, with a reason."""
+    rotation signs, so a state saved under it is noise to any other process and the other way
+    round: the K-centering record carries the seed and a restore across signs is refused, both
+    ways, while one process restores its own state bit-identically (llama-server's prompt cache
+    and checkpoints do that)."""
+    from pyturbo.llama import StateError
     llm = make(Llama, tiny, "turboq3", "turboq3")
     llm.eval(llm.tokenize(PROMPT.encode()))
-    path = tmp_path / "state.pkl"
-    path.write_bytes(pickle.dumps(llm.save_state()))
+    mine = llm.save_state()
+    (tmp_path / "unseeded.pkl").write_bytes(pickle.dumps(mine))
     env = {**os.environ, "TURBOQ_SIGN_SEED": "7"}
-    r = subprocess.run([sys.executable, "-c", _SEEDED, str(path)], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-c", _SEEDED, str(tmp_path / "unseeded.pkl"), str(tmp_path / "seeded.pkl")],
+                       capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
-    assert len(lines) == 2, r.stdout + r.stderr[-2000:]
-    for line, what in zip(lines, ("save", "restore")):
-        assert line.startswith(f"{what} REFUSED") and "TURBOQ_SIGN_SEED=7" in line, line
+    assert lines[0] == "own state RESTORED", r.stdout
+    assert lines[1].startswith("unseeded state REFUSED") and \
+        "saved without TURBOQ_SIGN_SEED and this process has TURBOQ_SIGN_SEED=7" in lines[1], lines[1]
+    seeded = pickle.loads((tmp_path / "seeded.pkl").read_bytes())
+    before = bytes(llm.save_state().llama_state)
+    with pytest.raises(StateError, match="saved with TURBOQ_SIGN_SEED=7 and this process has it unset"):
+        llm.load_state(seeded)
+    assert bytes(llm.save_state().llama_state) == before

@@ -180,9 +180,11 @@ void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t 
     if (!ggml_is_turboq(type)) {
         return;
     }
+    const bool blocks_of_32 = n_embd_head % ggml_blck_size(GGML_TYPE_Q8_0) == 0 && n_embd_head % ggml_blck_size(GGML_TYPE_Q4_0) == 0;
     LLAMA_LOG_ERROR("%s: layer %u: %s cache %s: turboq types rotate and store groups of 128 values, so they need a "
-        "head size that is a multiple of 128, and this model's is %u; caches that work with it: q8_0 (8.5 bits per "
-        "value) or q4_0 (4.5), whose blocks are 32 values, or f16\n", __func__, il, side, ggml_type_name(type), n_embd_head);
+        "head size that is a multiple of 128, and this model's is %u; caches that work with it: %s\n", __func__, il, side,
+        ggml_type_name(type), n_embd_head,
+        blocks_of_32 ? "q8_0 (8.5 bits per value) or q4_0 (4.5), whose blocks are 32 values, or f16" : "f16");
 }
 
 void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k, uint32_t n_embd_head_v, bool v_trans) {
@@ -208,32 +210,28 @@ void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_
 
 // ---- TURBOQ_SIGN_SEED ----
 
-void llama_turboq_check_sign_seed(const llama_turboq_layer_types & lt, ggml_backend_buffer_type_t buft, uint32_t il) {
+void llama_turboq_check_sign_seed(const llama_turboq_layer_types & lt, ggml_backend_dev_t layer_dev, uint32_t il) {
     const char * seed = ggml_turboq_sign_seed();
     if (seed == nullptr || (!ggml_is_turboq(lt.type_k) && !ggml_is_turboq(lt.type_v))) {
         return;
     }
-    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
-    if (dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+    if (layer_dev == nullptr || ggml_backend_dev_type(layer_dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
         return;
     }
+    // measured: with the cache kept on the CPU (--no-kv-offload) and the layer on RPC, PPL moved from
+    // the CPU-only run's 261 to 345 on a tiny model, so a CPU buffer alone is not enough
     throw std::runtime_error(format("layer %u: TURBOQ_SIGN_SEED=%s (a debug switch) changes the turboq rotation of this "
-        "process's CPU backend only, and this layer's KV cache is on %s, which keeps the built-in rotation: the switch would "
-        "be ignored there, or mixed with it; unset TURBOQ_SIGN_SEED, or keep the KV cache on the CPU (--no-kv-offload)",
-        il, seed, ggml_backend_dev_name(dev)));
+        "process's CPU backend only, and this layer runs on %s, which keeps the built-in rotation: the switch would be "
+        "ignored there, or mixed with it; unset TURBOQ_SIGN_SEED, or run the model on the CPU only (no -ngl, --rpc or "
+        "--device)", il, seed, ggml_backend_dev_name(layer_dev)));
 }
 
-void llama_turboq_refuse_seeded_state() {
-    if (const char * seed = ggml_turboq_sign_seed()) {
-        throw std::runtime_error(format("TURBOQ_SIGN_SEED=%s (a debug switch) is set: the turboq caches use other rotation "
-            "signs than a process without it, so their state is neither saved nor restored; unset it", seed));
-    }
-}
 // ---- K centering (see llama-turboq.h) ----
 
 namespace {
 
 constexpr uint32_t K_MEAN_MAGIC       = 0x534b5154; // "TQKS": the calibrated mean and channel scale
+constexpr uint32_t K_MEAN_MAGIC_SEED  = 0x444b5154; // "TQKD": the same, then TURBOQ_SIGN_SEED's seed (u64)
 constexpr uint32_t K_MEAN_MAGIC_NOSC  = 0x434b5154; // "TQKC": a calibrated mean without the scale (earlier build)
 constexpr uint32_t K_MEAN_MAGIC_OLD   = 0x4d4b5154; // "TQKM": a mean fixed by the first write (before calibration)
 
@@ -814,12 +812,24 @@ ggml_tensor * llama_turboq_k_mean_heads(ggml_context * ctx, ggml_tensor * k_mean
     return ggml_view_3d(ctx, k_mean, n_cols, n_head_kv, 1, n_embd_head*es, n_embd_head*n_head_kv*es, (base + offset)*es);
 }
 
+// TURBOQ_SIGN_SEED's seed as ggml-turboq.c parses it; false when the switch is off
+static bool sign_seed(uint64_t & seed) {
+    const char * text = ggml_turboq_sign_seed();
+    seed = text ? std::strtoull(text, nullptr, 0) : 0;
+    return text != nullptr;
+}
+
 void llama_turboq_write_k_mean(llama_io_write_i & io, ggml_tensor * k_mean) {
-    const uint32_t magic = K_MEAN_MAGIC;
+    uint64_t seed = 0;
+    const bool seeded = sign_seed(seed);
+    const uint32_t magic = seeded ? K_MEAN_MAGIC_SEED : K_MEAN_MAGIC;
     const uint32_t n = (uint32_t) ggml_nelements(k_mean);
     io.write(&magic, sizeof(magic));
     io.write(&n, sizeof(n));
     io.write_tensor(k_mean, 0, ggml_nbytes(k_mean));
+    if (seeded) {
+        io.write(&seed, sizeof(seed));
+    }
 }
 
 bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32_t il) {
@@ -836,7 +846,7 @@ bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32
                         "first request; it cannot be restored exactly (process the prompt again)\n", __func__, il);
         return false;
     }
-    if (magic != K_MEAN_MAGIC) {
+    if (magic != K_MEAN_MAGIC && magic != K_MEAN_MAGIC_SEED) {
         LLAMA_LOG_ERROR("%s: layer %u: the state has no K-centering mean for this turboq K cache "
                         "(saved without K centering, e.g. with TURBOQ_K_CENTER=0, or corrupt)\n", __func__, il);
         return false;
@@ -849,6 +859,10 @@ bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32
     std::vector<float> saved(n);
     std::vector<float> cur(n);
     io.read(saved.data(), n*sizeof(float));
+    uint64_t saved_seed = 0;
+    if (magic == K_MEAN_MAGIC_SEED) {
+        io.read(&saved_seed, sizeof(saved_seed));
+    }
     for (float x : saved) {
         if (!std::isfinite(x)) {
             LLAMA_LOG_ERROR("%s: layer %u: the saved K-centering mean is not finite (corrupt state)\n", __func__, il);
@@ -859,6 +873,15 @@ bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32
     if (std::memcmp(saved.data(), cur.data(), n*sizeof(float)) != 0) {
         LLAMA_LOG_ERROR("%s: layer %u: the state's K-centering mean or channel scale is not this cache's (saved from another model "
                         "file, backend or build, by a context of another size, or corrupt); its K rows would be read wrong\n", __func__, il);
+        return false;
+    }
+    uint64_t seed = 0;
+    const bool seeded = sign_seed(seed);
+    if ((magic == K_MEAN_MAGIC_SEED) != seeded || saved_seed != seed) {
+        const std::string was = magic == K_MEAN_MAGIC_SEED ? "with TURBOQ_SIGN_SEED=" + std::to_string(saved_seed) : "without TURBOQ_SIGN_SEED";
+        const std::string is  = seeded ? "has TURBOQ_SIGN_SEED=" + std::to_string(seed) : "has it unset";
+        LLAMA_LOG_ERROR("%s: layer %u: the state was saved %s and this process %s (a debug switch): its turboq rows use "
+                        "other rotation signs and would read as noise\n", __func__, il, was.c_str(), is.c_str());
         return false;
     }
     return true;

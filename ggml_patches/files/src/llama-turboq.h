@@ -53,26 +53,14 @@ void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_
 // ggml-base's, declared in ggml/src/ggml-turboq.h (not a public header): the seed's text, or NULL
 extern "C" const char * ggml_turboq_sign_seed(void);
 
-// throws std::runtime_error when the switch is on and layer il's turboq cache would live in a
-// buffer of another backend (GPU, RPC), whose kernels use the built-in signs: it would read as noise
-void llama_turboq_check_sign_seed(const llama_turboq_layer_types & lt, ggml_backend_buffer_type_t buft, uint32_t il);
+// throws std::runtime_error when the switch is on and layer il, with a turboq cache, runs on another
+// device (GPU, RPC), whose kernels keep the built-in signs: with its cache there, or kept on the CPU
+// (--no-kv-offload), its turboq ops would mix both signs and read as noise
+void llama_turboq_check_sign_seed(const llama_turboq_layer_types & lt, ggml_backend_dev_t layer_dev, uint32_t il);
 
-// throws std::runtime_error when the switch is on: a state written or read under it would be
-// noise to (or from) any process with other signs
-void llama_turboq_refuse_seeded_state();
-
-// the check for a cache's state I/O: its layers' k and v (either may be null)
-template <typename layers_t>
-void llama_turboq_check_sign_seed_state(const layers_t & layers) {
-    if (ggml_turboq_sign_seed() == nullptr) {
-        return;
-    }
-    for (const auto & l : layers) {
-        if ((l.k && ggml_is_turboq(l.k->type)) || (l.v && ggml_is_turboq(l.v->type))) {
-            llama_turboq_refuse_seeded_state();
-        }
-    }
-}
+// A state written under the switch carries its seed in each K-centering record (below), and a
+// record whose seed is not this process's is refused; a cache without K centering (turboq V only,
+// TURBOQ_K_CENTER=0) has no record and is not marked.
 
 // ---- K centering and channel scale ----
 //
@@ -130,11 +118,12 @@ ggml_tensor * llama_turboq_scale_q(ggml_context * ctx, ggml_tensor * q_cur, ggml
 ggml_tensor * llama_turboq_k_mean_heads(ggml_context * ctx, ggml_tensor * k_mean, int64_t n_cols, int64_t n_head_kv,
                                         int64_t n_embd_head, int64_t offset, int part);
 
-// state: the record (mu and s) written before a layer's K rows
+// state: the record (mu and s, and TURBOQ_SIGN_SEED's seed when it is on) written before a layer's K rows
 void llama_turboq_write_k_mean(llama_io_write_i & io, ggml_tensor * k_mean);
 
 // reads the record before a layer's K rows; false with an error logged when it is missing, corrupt,
-// or not this cache's mu and s (the rows would then be read against the wrong ones)
+// not this cache's mu and s, or written under other rotation signs (the rows would then be read
+// against the wrong ones)
 bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32_t il);
 
 // ---- sequence state files (llama-server slot files) ----
