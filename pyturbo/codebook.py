@@ -53,10 +53,10 @@ def rotation_signs() -> tuple[np.ndarray, np.ndarray]:
     return signs[:D].copy(), signs[D:].copy()
 
 
-def _grid(n: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
-    """Midpoint grid on (-1, 1) with the normalised coordinate density."""
+def _grid(n: int = 1 << 20, d: int = D) -> tuple[np.ndarray, np.ndarray]:
+    """Midpoint grid on (-1, 1) with the normalised coordinate density (of a unit vector in R^d)."""
     x = (np.arange(n, dtype=np.float64) + 0.5) * (2.0 / n) - 1.0
-    logf = (D - 3) / 2.0 * np.log1p(-x * x)
+    logf = (d - 3) / 2.0 * np.log1p(-x * x)
     w = np.exp(logf - logf.max())
     w /= w.sum()
     return x, w
@@ -79,10 +79,11 @@ class LloydMax:
 
 
 @lru_cache(maxsize=None)
-def lloyd_max(bits: int, iters: int = 5000) -> LloydMax:
-    x, w = _grid()
+def lloyd_max(bits: int, iters: int = 5000, d: int = D) -> LloydMax:
+    """The shipped codebooks at d = 128; other d for rotation groups of d values (pyturbo.kvlab)."""
+    x, w = _grid(d=d)
     levels = 1 << bits
-    sigma = 1.0 / np.sqrt(D)
+    sigma = 1.0 / np.sqrt(d)
     # start from Gaussian-quantile placement and iterate the two Lloyd conditions
     c = sigma * np.linspace(-2.5, 2.5, levels)
     cw = np.cumsum(w)

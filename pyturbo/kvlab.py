@@ -24,7 +24,7 @@ import numpy as np
 
 from ._paths import cache_dir
 from . import reference as ref
-from .codebook import D, SIGN_SEED, codebooks, splitmix64, thresholds
+from .codebook import D, SIGN_SEED, codebooks, lloyd_max, splitmix64, thresholds
 
 GGML_MAX_DIMS = 4
 GGML_MAX_OP_PARAMS = 64
@@ -171,19 +171,10 @@ def _nearest(y: np.ndarray, name: str, group: int = D) -> np.ndarray:
     return np.searchsorted(thr, y.ravel(), side="left").reshape(y.shape)
 
 
-@lru_cache(maxsize=None)
-def _lloyd_max(d: int, bits: int, n: int = 1 << 18, rounds: int = 300) -> tuple[np.ndarray, np.ndarray]:
-    """(centroids, thresholds) of the Lloyd-Max quantizer for one coordinate of a randomly rotated
-    unit vector in R^d (pyturbo.codebook's density, for another d), on a midpoint grid."""
-    x = (np.arange(n) + 0.5) * (2.0 / n) - 1.0
-    w = np.exp((d - 3) / 2.0 * np.log1p(-x * x))
-    w /= w.sum()
-    c = np.linspace(-2.5, 2.5, 2 ** bits) / np.sqrt(d)
-    for _ in range(rounds):
-        t = 0.5 * (c[1:] + c[:-1])
-        k = np.searchsorted(t, x)
-        c = np.bincount(k, w * x, 2 ** bits) / np.maximum(np.bincount(k, w, 2 ** bits), 1e-300)
-    return c, 0.5 * (c[1:] + c[:-1])
+def _lloyd_max(d: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(centroids, thresholds) of the Lloyd-Max quantizer for groups of d values (pyturbo.codebook's)."""
+    lm = lloyd_max(bits, d=d)
+    return lm.centroids, lm.thresholds
 
 
 def _ls(y: np.ndarray, c: np.ndarray) -> np.ndarray:

@@ -387,6 +387,13 @@ std::vector<double> rope_angles(const llama_model & model, uint32_t il) {
 // (model.turboq_k_mean[il], K_N_STATS*n floats); k_mean_for turns them into mu and s for a span
 enum k_stat { K_MEAN, K_VAR, K_PRE, K_SQ, Q_ENERGY, K_N_STATS };
 
+// the channels (c0, c1) of rotated pair i of head h, which RoPE turns as c0 + i*c1: NEOX pairs
+// (i, i + half), the others (2i, 2i + 1); half = n_rot/2 pairs of a head of d channels
+struct rope_pair { int64_t c0, c1; };
+static rope_pair rope_pair_at(bool neox, int64_t d, int64_t half, int64_t h, int64_t i) {
+    return { h*d + (neox ? i : 2*i), h*d + (neox ? i + half : 2*i + 1) };
+}
+
 // the RoPE partner of channel c within a head of d channels (c itself when c is not rotated)
 int64_t rope_partner(const llama_hparams & hp, uint32_t il, int64_t c) {
     const int64_t n_rot = std::min<int64_t>(hp.n_rot(il), hp.n_embd_head_k(il));
@@ -432,8 +439,7 @@ void k_stats(const llama_model & model, uint32_t il, const std::vector<float> & 
     const bool neox = hp.rope_type == LLAMA_ROPE_TYPE_NEOX;
     for (int64_t h = 0; h < n_embd/d; ++h) {
         for (int64_t i = 0; i < half; ++i) {
-            const int64_t c0 = h*d + (neox ? i : 2*i);
-            const int64_t c1 = h*d + (neox ? i + half : 2*i + 1);
+            const auto [c0, c1] = rope_pair_at(neox, d, half, h, i);
             double mr = 0.0, mi = 0.0;
             for (size_t r = 0; r < n; ++r) {
                 const double a = -theta[i]*pos[r];
@@ -581,8 +587,7 @@ std::vector<float> k_mean_for(const llama_model & model, uint32_t il, const std:
         const float * sq  = st.data() + K_SQ*n;
         for (int64_t h = 0; h < n/d; ++h) {
             for (int64_t i = 0; i < half; ++i) {
-                const int64_t c0 = h*d + (neox ? i : 2*i);
-                const int64_t c1 = h*d + (neox ? i + half : 2*i + 1);
+                const auto [c0, c1] = rope_pair_at(neox, d, half, h, i);
                 // A = (1 - e^(i span theta)) / (span (1 - e^(i theta)))
                 double ar = 1.0, ai = 0.0;
                 if (std::fabs(std::remainder(theta[i], 2.0*M_PI)) > 1e-9) {
