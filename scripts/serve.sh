@@ -4,5 +4,5 @@
 # mode 3 are the best measured settings for a turboq3 K at <= 4 bits per value (README, Quality).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --serve
 exec python3 -m server --cache-type-k turboq3 --cache-type-v turboq4 --layer-adaptive 3 --host 127.0.0.1 --port "${PORT:-8000}" "$@"

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Sets a fresh machine up: system packages, Python packages, the patched llama.cpp build.
 # Re-running it is cheap: pip is a no-op and the build is incremental (ccache when present).
+# `setup.sh --serve` sets up only what `python -m server` runs on its default engine (the [server]
+# extra, the libraries and llama-server), for scripts/serve.sh; the test command sets up all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+serve_only=0
+[ "${1:-}" = --serve ] && serve_only=1
 
 need=()
 command -v cmake >/dev/null || need+=(cmake)
@@ -18,11 +22,16 @@ if [ ${#need[@]} -gt 0 ]; then
     fi
 fi
 
-python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt
+if [ $serve_only = 1 ]; then extras=(server); else extras=(--all --exclude llama-cpp-python); fi
+python3 -m pip install --quiet --disable-pip-version-check -r <(python3 scripts/requirements.py "${extras[@]}")
 
 BUILD_DIR=${PYTURBO_BUILD_DIR:-build}
 # the interpreter is named each time: `pip install .` configures the same build dir from its own
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" >/dev/null
+if [ $serve_only = 1 ]; then
+    cmake --build "$BUILD_DIR" -j"$(nproc)" --target pyturbo-serve
+    exec python3 -m pyturbo doctor
+fi
 cmake --build "$BUILD_DIR" -j"$(nproc)" --target pyturbo
 
 # llama-cpp-python from the same pinned sdist, without its own llama.cpp: pyturbo points it at

@@ -32,6 +32,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--parallel", "-np", type=int, default=4,
                     help="slots decoding at once (llama-server engine; default 4). The python engine serves one "
                          "request at a time")
+    ap.add_argument("--draft-model", "-md", default=None,
+                    help="GGUF of a smaller model that drafts tokens for the main one to verify (speculative "
+                         "decoding; llama-server engine). At temperature 0 the text is the same as without it")
+    ap.add_argument("--cache-type-k-draft", "-ctkd", default=None, help="the draft model's K cache type (default: --cache-type-k)")
+    ap.add_argument("--cache-type-v-draft", "-ctvd", default=None, help="the draft model's V cache type (default: --cache-type-v)")
+    ap.add_argument("--draft-max", type=int, default=None, help="most tokens drafted per step (default: llama-server's)")
+    ap.add_argument("--embeddings", nargs="?", const="mean", default=None, choices=("mean", "last", "cls"),
+                    help="also serve /v1/embeddings, pooling each input's token vectors (default pooling: mean; "
+                         "llama-server engine). Completions and chat keep working")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every endpoint but /health")
@@ -58,6 +67,20 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--n-threads {args.n_threads}: must be at least 1")
     if args.model and not Path(args.model).is_file():
         raise ValueError(f"--model {args.model}: no such file")
+    if args.draft_model is None and (args.cache_type_k_draft or args.cache_type_v_draft or args.draft_max is not None):
+        raise ValueError("--cache-type-k-draft, --cache-type-v-draft and --draft-max need --draft-model")
+    if args.draft_model is not None:
+        if not Path(args.draft_model).is_file():
+            raise ValueError(f"--draft-model {args.draft_model}: no such file")
+        args.cache_type_k_draft = cache_type(args.cache_type_k_draft or args.cache_type_k).name
+        args.cache_type_v_draft = cache_type(args.cache_type_v_draft or args.cache_type_v).name
+        if args.draft_max is not None and args.draft_max < 1:
+            raise ValueError(f"--draft-max {args.draft_max}: must be at least 1")
+    if args.engine != "llama-server":
+        for flag, value in (("--draft-model", args.draft_model), ("--embeddings", args.embeddings)):
+            if value is not None:
+                raise ValueError(f"{flag} needs the llama-server engine (llama-cpp-python's server has neither "
+                                 f"draft models nor embeddings beside chat)")
     if args.extra[:1] == ["--"]:
         args.extra = args.extra[1:]
     if args.extra and args.engine != "llama-server":
@@ -86,15 +109,19 @@ def _check_memory(model: str, args: argparse.Namespace) -> None:
         return
     try:
         if args.engine == "llama-server":
-            unified = any(a in ("--kv-unified", "-kvu") for a in args.extra)
+            unified = bool(args.embeddings) or any(a in ("--kv-unified", "-kvu") for a in args.extra)
             kv = kv_bytes(model, args.n_ctx * args.parallel, args.cache_type_k, args.cache_type_v, args.layer_adaptive,
                           n_seq=args.parallel, n_stream=1 if unified else args.parallel, upper_bound=True)
         else:  # llama-cpp-python keeps every sliding-window cell (swa_full)
             kv = kv_bytes(model, args.n_ctx, args.cache_type_k, args.cache_type_v, args.layer_adaptive,
                           swa_full=True, upper_bound=True)
+        if args.draft_model:  # the draft model has a context of the same size, with its own cache types
+            kv += kv_bytes(args.draft_model, args.n_ctx * args.parallel, args.cache_type_k_draft,
+                           args.cache_type_v_draft, args.layer_adaptive, n_seq=args.parallel,
+                           n_stream=1 if unified else args.parallel, upper_bound=True)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return  # an architecture kv_bytes does not know: llama.cpp decides
-    weights = Path(model).stat().st_size
+    weights = Path(model).stat().st_size + (Path(args.draft_model).stat().st_size if args.draft_model else 0)
     if kv + weights > avail:
         gib = 2 ** 30
         slots = f" x --parallel {args.parallel}" if args.engine == "llama-server" else ""
@@ -120,7 +147,11 @@ def main(argv: list[str] | None = None) -> None:
         try:
             spec = llama_server.LaunchSpec(model, args.cache_type_k, args.cache_type_v, args.layer_adaptive, args.n_ctx,
                                            args.parallel, args.host, args.port, alias, args.api_key, args.n_threads,
-                                           fallback, args.quiet, args.extra)
+                                           fallback, args.quiet, args.extra,
+                                           llama_server.Draft(args.draft_model, args.cache_type_k_draft,
+                                                              args.cache_type_v_draft, args.draft_max)
+                                           if args.draft_model else None,
+                                           args.embeddings)
             binary("llama-server")
         except FileNotFoundError as e:
             sys.exit(f"server: {e}")

@@ -19,6 +19,20 @@ from pyturbo._paths import binary, tool_env
 from .chat_template import Fallback
 
 
+@dataclass(frozen=True)
+class Draft:
+    """Speculative decoding: the draft model and its cache (llama-server's -md, -ctkd, -ctvd)."""
+    model: str
+    cache_type_k: str
+    cache_type_v: str
+    max_tokens: int | None = None
+
+    def argv(self) -> list[str]:
+        # llama-server loads a -md model but drafts with it only when the type is named
+        argv = ["-md", self.model, "--spec-type", "draft-simple", "-ctkd", self.cache_type_k, "-ctvd", self.cache_type_v]
+        return argv + (["--spec-draft-n-max", str(self.max_tokens)] if self.max_tokens else [])
+
+
 @dataclass
 class LaunchSpec:
     model: str
@@ -35,6 +49,8 @@ class LaunchSpec:
     chat_fallback: Fallback | None = None
     quiet: bool = False
     extra: list[str] = field(default_factory=list)
+    draft: Draft | None = None
+    embeddings: str | None = None  # the pooling, when /v1/embeddings is served
 
     def argv(self) -> list[str]:
         argv = [str(binary("llama-server")), "-m", self.model, "-a", self.alias,
@@ -46,6 +62,14 @@ class LaunchSpec:
             argv += ["-t", str(self.n_threads), "-tb", str(self.n_threads)]
         if self.chat_fallback:
             argv += ["--chat-template-file", str(self.chat_fallback.path)]
+        if self.draft:
+            argv += self.draft.argv()
+        if self.embeddings:
+            # --kv-unified: with a cache per slot, llama.cpp splits a batch into ubatches of equal
+            # tokens per sequence, and a pooled embedding then covers only its last ubatch's tokens
+            # (an input batched beside one of another length came back with cosine 0.90 to itself)
+            argv += ["--embeddings", "--pooling", self.embeddings]
+            argv += [] if any(a in ("--kv-unified", "-kvu") for a in self.extra) else ["--kv-unified"]
         if self.quiet:
             argv += ["-lv", "2"]
         return argv + self.extra

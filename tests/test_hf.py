@@ -1,6 +1,6 @@
 """pyturbo.hf: the transformers TurboQuantCache against the NumPy reference, the C codec and llama.cpp.
 
-torch and transformers come with the [hf] extra (requirements.txt installs them). Without them
+torch and transformers come with the [hf] extra (scripts/setup.sh installs every extra). Without them
 these tests skip, except under CI (CI=true), where a missing extra is a failure.
 """
 from __future__ import annotations

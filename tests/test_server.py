@@ -155,6 +155,11 @@ def test_api_key_guards_everything_but_health(engine, build_info):
     (["--model", "/no/such.gguf"], "/no/such.gguf: no such file"),
     (["--engine", "python", "--", "-t", "2"], "llama-server flags"),
     (["--model", str(ROOT / "README.md")], "not a readable GGUF file"),
+    (["--draft-model", "/no/draft.gguf"], "--draft-model /no/draft.gguf: no such file"),
+    (["-ctkd", "turboq3"], "need --draft-model"),
+    (["--draft-model", str(ROOT / "README.md"), "-ctkd", "turboq9"], "unknown KV cache type 'turboq9'"),
+    (["--engine", "python", "--embeddings"], "--embeddings needs the llama-server engine"),
+    (["--embeddings", "sum"], "invalid choice: 'sum'"),
 ])
 def test_bad_flags_end_with_a_message_not_a_traceback(flags, message):
     r = subprocess.run([sys.executable, "-m", "server", *flags], capture_output=True, text=True, cwd=ROOT, timeout=60)

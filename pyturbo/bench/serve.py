@@ -138,7 +138,67 @@ def kv_memory(args: argparse.Namespace) -> None:
         print(f"| {t} | {reported:.2f} | {reported / f16:.3f} | {slots} |", flush=True)
 
 
+def speculative(args: argparse.Namespace) -> None:
+    """Per cache configuration: the same greedy requests to a server without and with the draft
+    model (whose cache gets the same types); is the text identical, what share of the drafted
+    tokens the main model accepted, and generated tokens/s of both."""
+    from .cpu import parse_config
+
+    model = Path(args.model) if args.model else data.default_model()
+    draft = Path(args.draft) if args.draft else model
+    text = data.corpus().read_text(encoding="utf-8")
+    prompts = [text[30000 + 900 * i: 30000 + 900 * i + 300] for i in range(args.prompts)]
+    rows = []
+    for config in args.types:
+        label, k, v, env = parse_config(config)
+        unknown = set(env) - {"TURBO_LAYER_ADAPTIVE"}
+        if unknown:
+            raise SystemExit(f"{config}: only a layer mode can be set through the server ({', '.join(unknown)})")
+        flags = ["--model", str(model), "-ctk", k, "-ctv", v, "--layer-adaptive", env.get("TURBO_LAYER_ADAPTIVE", "0"),
+                 "--n-ctx", "1024", "--parallel", "1", "--quiet"]
+        if args.threads:
+            flags += ["--n-threads", str(args.threads)]
+        runs = []
+        ubatch = ["--", "-ub", str(args.ubatch), "-b", str(max(args.ubatch, 512))] if args.ubatch else []
+        for extra in ([], ["--draft-model", str(draft)] + (["--draft-max", str(args.draft_max)] if args.draft_max else [])):
+            texts, n, seconds, drafted, accepted = [], 0, 0.0, 0, 0
+            with Server(flags + extra + ubatch) as srv:
+                for prompt in prompts:
+                    out = srv.post("/v1/completions", {"prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0})
+                    t = out["timings"]
+                    texts.append(out["choices"][0]["text"])
+                    n += t["predicted_n"]
+                    seconds += t["predicted_ms"] / 1000
+                    drafted += t.get("draft_n", 0)
+                    accepted += t.get("draft_n_accepted", 0)
+            runs.append((texts, n / seconds, drafted, accepted))
+        (base_texts, base_tps, _, _), (spec_texts, spec_tps, drafted, accepted) = runs
+        same = sum(a == b for a, b in zip(base_texts, spec_texts))
+        rows.append((label, same, base_tps, spec_tps, accepted / drafted if drafted else float("nan")))
+        print(f"# {label}: {same}/{len(prompts)} identical, acceptance {rows[-1][4]:.3f}, "
+              f"{base_tps:.1f} -> {spec_tps:.1f} t/s", file=sys.stderr, flush=True)
+    print(f"\nmain model {model.name}, draft {draft.name} (its cache of the same types); {len(prompts)} greedy "
+          f"completions of {args.max_tokens} tokens from botchan.txt, one slot"
+          f"{f', -ub {args.ubatch}' if args.ubatch else ''}\n")
+    print("| K/V | text identical to no draft | draft tokens accepted | t/s without draft | t/s with draft | ratio |")
+    print("|---|---|---|---|---|---|")
+    for label, same, base, spec, acc in rows:
+        print(f"| {label} | {same}/{len(prompts)} | {acc:.3f} | {base:.1f} | {spec:.1f} | {spec / base:.2f}x |")
+
+
 def add_parsers(sub) -> None:
+    p = sub.add_parser("speculative", help="speculative decoding: identical greedy text?, acceptance, t/s vs no draft")
+    p.add_argument("--model", help="main model (default: the bundled Gemma 3 270M)")
+    p.add_argument("--draft", help="draft model (default: the main model itself)")
+    p.add_argument("--types", nargs="+", default=["f16", "turboq3", "turboq3/turboq4:3"])
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--draft-max", type=int, default=None)
+    p.add_argument("--ubatch", type=int, default=None,
+                   help="llama-server's -ub for both servers; 1 computes every token alone, as plain decoding does")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=speculative)
+
     p = sub.add_parser("serve", help="aggregate generated tokens/s: N concurrent clients vs one, per --parallel")
     p.add_argument("--engine", default="llama-server", choices=["llama-server", "python"])
     p.add_argument("--parallel", type=int, nargs="+", default=[8])
