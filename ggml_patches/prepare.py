@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Produce the patched llama.cpp source tree that the build compiles.
 
-Steps: fetch the pinned llama-cpp-python sdist with pip (cached), check its sha256,
+Steps: fetch the pinned llama-cpp-python sdist (cached), check its sha256,
 extract vendor/llama.cpp, copy ggml_patches/files/ over it, apply the series with
 `git apply`. The result is synced into --dest file by file, so an unchanged file keeps
 its mtime and a rebuild after a patch edit recompiles only what the patch touched.
@@ -53,14 +53,44 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+def _download_from_index(tmp: str) -> Path | None:
+    """The sdist straight from the package index's simple page (PIP_INDEX_URL, else PyPI), or None.
+    `pip download` of an sdist first builds its metadata in an isolated environment, which on a
+    fresh machine (no pip cache) downloads and installs scikit-build-core, cmake and ninja: minutes
+    for a file whose bytes the pinned sha256 already vouches for."""
+    import re
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+    page = f"{index}/{_PIN['sdist_project']}/"
+    try:
+        with urllib.request.urlopen(page, timeout=30) as r:
+            html = r.read().decode("utf-8", "replace")
+        link = re.search(r'href="([^"]*/' + re.escape(UPSTREAM_SDIST_NAME) + r'[^"]*)"', html)
+        if not link:
+            return None
+        url = urllib.parse.urljoin(page, link.group(1).replace("&amp;", "&")).split("#")[0]
+        got = Path(tmp) / UPSTREAM_SDIST_NAME
+        with urllib.request.urlopen(url, timeout=120) as r, open(got, "wb") as f:
+            shutil.copyfileobj(r, f, 1 << 20)
+        return got
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        print(f"prepare: {page}: {e}; trying pip download", file=sys.stderr)
+        return None
+
+
 def fetch_sdist() -> Path:
     dest = cache_dir() / UPSTREAM_SDIST_NAME
     if dest.exists() and sha256_of(dest) == UPSTREAM_SDIST_SHA256:
         return dest
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        "--quiet", UPSTREAM_SDIST, "-d", tmp], check=True)
-        got = Path(tmp) / UPSTREAM_SDIST_NAME
+        got = _download_from_index(tmp)
+        if got is None or sha256_of(got) != UPSTREAM_SDIST_SHA256:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                            "--quiet", UPSTREAM_SDIST, "-d", tmp], check=True)
+            got = Path(tmp) / UPSTREAM_SDIST_NAME
         digest = sha256_of(got)
         if digest != UPSTREAM_SDIST_SHA256:
             sys.exit(f"prepare: {UPSTREAM_SDIST_NAME} sha256 {digest} != pinned {UPSTREAM_SDIST_SHA256}")

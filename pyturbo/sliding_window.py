@@ -36,14 +36,6 @@ def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return logits[np.arange(len(targets)), targets].astype(np.float64) - lse
 
 
-def progress(done: int, total: int, label: str) -> None:
-    width = 30
-    filled = int(width * done / max(total, 1))
-    print(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", end="", file=sys.stderr, flush=True)
-    if done >= total:
-        print(file=sys.stderr)
-
-
 def score_windows(tokens: list[int], bos: int | None, window_nll: Callable[[list[int], int], tuple[float, int]],
                   max_length: int, stride: int, score_from: int = 0, label: str = "",
                   show_progress: bool = True) -> tuple[float, int]:
@@ -56,8 +48,11 @@ def score_windows(tokens: list[int], bos: int | None, window_nll: Callable[[list
     n = len(tokens)
     if n < 2:
         raise ValueError("the text is too short to score")
+    from tqdm import tqdm
+
     starts = list(range(0, max(n - 1, 1), stride))
     nll_sum, n_scored, prev_end = 0.0, 0, 0
+    bar = tqdm(total=len(starts), desc=label or None, unit="window", disable=not show_progress, leave=False)
     for i, begin in enumerate(starts):
         end = min(begin + max_length, n)
         # like llama-perplexity, every window starts with BOS (models such as Gemma need it);
@@ -68,12 +63,10 @@ def score_windows(tokens: list[int], bos: int | None, window_nll: Callable[[list
         nll_sum += s
         n_scored += k
         prev_end = end
-        if show_progress:
-            progress(i + 1, len(starts), label)
+        bar.update()
         if end == n or (score_from and end - begin < max_length):
-            if show_progress and i + 1 < len(starts):
-                progress(len(starts), len(starts), label)
             break
+    bar.close()
     return nll_sum, n_scored
 
 

@@ -101,6 +101,23 @@ def test_bench_quick_writes_table_and_plot(tmp_path, gemma):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_quality_writes_table_and_kld_per_bit_plot(tmp_path, gemma):
+    png = tmp_path / "q.png"
+    r = run_cli("bench", "quality", "--ctx", "256", "--chunks", "2", "--threads", "2", "--plot", str(png),
+                "--types", "q8_0", "q4_0", "turboq4", "turboq3/turboq4:3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| f16", "| q8_0", "| q4_0", "| turboq4", "| turboq3/turboq4:3"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot: {png}" in r.stdout
+
+
+def test_pareto_front_keeps_what_nothing_beats_on_both_axes():
+    from pyturbo.bench.cpu import pareto_front
+    pts = [("a", 8.5, 0.01), ("b", 4.5, 0.11), ("c", 4.25, 0.03), ("d", 3.125, 0.09), ("e", 3.99, 0.07),
+           ("f", 2.125, 0.36), ("g", 5.0, 0.05)]
+    assert [p[0] for p in pareto_front(pts)] == ["f", "d", "e", "c", "a"]
+
+
 def test_doctor_json(build_info):
     r = run_cli("doctor", "--json")
     assert r.returncode == 0, r.stderr

@@ -80,16 +80,19 @@ def quality(args: argparse.Namespace) -> None:
     if args.ctx > 2048:
         print(f"# the f16 logits base for the KLD is about {args.ctx // 2 * chunks * 4 * 262144 / 2**30:.1f} GiB "
               "at Gemma's vocabulary (in a temporary directory)", file=sys.stderr, flush=True)
+    from tqdm import tqdm
+
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         base = Path(tmp) / "f16.kld"
         rows = []
-        for c in args.types:
+        for c in (bar := tqdm(args.types, desc="bench quality", unit="config")):
+            bar.set_postfix_str(c)
             label, k, v, env = parse_config(c)
             r = llama_perplexity(model, text, k, v, ctx=args.ctx, batch=batch, chunks=chunks, threads=args.threads,
                                  kld_base=base, write_base=(c == "f16"), env=env, timeout=6 * 3600)
             rows.append((label, config_bpw(kv_geometry(model).n_layer, k, v, env), r))
-            print(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} median {r.kld_median} p99.9 {r.kld_p999} "
-                  f"KV {r.kv_mib:.2f} MiB", file=sys.stderr, flush=True)
+            tqdm.write(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} median {r.kld_median} p99.9 {r.kld_p999} "
+                       f"KV {r.kv_mib:.2f} MiB", file=sys.stderr)
     f16_kv = rows[0][2].kv_mib
     q4 = next((r for label, _, r in rows if label == "q4_0"), None)
     print(f"\n{model.name}, {text.name}, c={args.ctx} (-b {batch}), {chunks} chunk(s) (the second half of each "
@@ -112,6 +115,49 @@ def quality(args: argparse.Namespace) -> None:
         print(f"| {label} | {bpw:.3f} | {r.ppl:.3f} | {kld} | {ratio(r.kld, q4 and q4.kld)} | {num(r.kld_median, '.5f')} "
               f"| {num(r.kld_p999, '.4f')} | {ratio(r.kld_p999, q4 and q4.kld_p999)} | "
               f"{'missing' if r.same_top is None else f'{r.same_top:.1f}%'} | {r.kv_mib:.2f} | {r.kv_mib / f16_kv:.4f} |")
+    if args.plot != "none":
+        path = Path(args.plot or f"bench-out/quality-{model.stem}-{text.stem}-c{args.ctx}.png")
+        points = [(label, bpw, r.kld) for label, bpw, r in rows if label != "f16" and r.kld is not None and bpw == bpw]
+        plot_kld_per_bit(points, path, f"{model.name}, {text.name}, c={args.ctx}, {chunks} chunk(s): mean KLD vs f16 cache")
+        print(f"\nplot: {path}")
+
+
+def pareto_front(points: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """The points that no other point beats on both bits and KLD (lower is better for both), by bits."""
+    front, best = [], float("inf")
+    for p in sorted(points, key=lambda p: (p[1], p[2])):
+        if p[2] < best:
+            front.append(p)
+            best = p[2]
+    return front
+
+
+def plot_kld_per_bit(points: list[tuple[str, float, float]], path: Path, title: str) -> None:
+    """KLD against bits per value, mainline types blue, turboq configurations red, the Pareto front a line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, bpw, kld in points:
+        turbo = "turboq" in label
+        ax.scatter(bpw, max(kld, 1e-6), c="tab:red" if turbo else "tab:blue", s=36, zorder=3,
+                   label="turboq" if turbo else "mainline")
+        ax.annotate(label, (bpw, max(kld, 1e-6)), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    front = pareto_front(points)
+    ax.plot([p[1] for p in front], [max(p[2], 1e-6) for p in front], "k--", lw=1, zorder=2, label="Pareto front")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("bits per cached value (mean of K and V)")
+    ax.set_ylabel("mean KLD vs f16 cache (log scale)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def bench_once(model: Path, config: str, threads: int, reps: int, extra: list[str]) -> dict[str, float]:
@@ -129,15 +175,22 @@ def bench_once(model: Path, config: str, threads: int, reps: int, extra: list[st
 
 
 def speed(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
     model = data.default_model()
     args.types = quality_types(args.types)  # the ratios are to f16
     samples: dict[str, dict[str, list[float]]] = {t: {} for t in args.types}
+    bar = tqdm(total=args.rounds * len(SPEED_RUNS) * len(args.types), desc="bench speed", unit="run")
     for rnd in range(args.rounds):
         for cfg in SPEED_RUNS:
             for t in args.types:
-                for k, v in bench_once(model, t, args.threads, args.reps, cfg).items():
+                bar.set_postfix_str(f"round {rnd} {t}")
+                results = bench_once(model, t, args.threads, args.reps, cfg)
+                bar.update()
+                for k, v in results.items():
                     samples[t].setdefault(k, []).append(v)
-                    print(f"# round {rnd} {t} {k}: {v:.2f} t/s", file=sys.stderr, flush=True)
+                    tqdm.write(f"# round {rnd} {t} {k}: {v:.2f} t/s", file=sys.stderr)
+    bar.close()
     keys = list(samples[args.types[0]])
     med = {t: {k: statistics.median(v) for k, v in s.items()} for t, s in samples.items()}
     print(f"\nGemma 3 270M, llama-bench -fa 1 -t {args.threads} -r {args.reps}, median of {args.rounds} interleaved rounds;"
@@ -168,6 +221,8 @@ def add_parsers(sub) -> None:
     q.add_argument("--chunks", type=int, help="default: 20 at c=512, else as many as hold 10240 tokens (at least 1)")
     q.add_argument("--threads", type=int, default=2)
     q.add_argument("--tmp", help="directory for the f16 logits base (GBs at long context; default: the system's)")
+    q.add_argument("--plot", help="PNG of KLD against bits per value with the Pareto front (default: "
+                                  "bench-out/quality-MODEL-TEXT-cCTX.png; 'none': no plot)")
     q.add_argument("--types", nargs="+", default=QUALITY_TYPES,
                    help="'t', 'k/v', plus ':N' (TURBO_LAYER_ADAPTIVE), ':uncentered', ':unscaled' or ':onerow'")
     q.set_defaults(func=quality)
