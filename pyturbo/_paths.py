@@ -32,10 +32,21 @@ def pin() -> dict:
     return json.loads(PIN_FILE.read_text())
 
 
+def build_dirs() -> dict[str, Path]:
+    """The checkout's build directories by variable name (PYTURBO_BUILD_DIR, PYTURBO_VULKAN_BUILD_DIR,
+    ...): scripts/build_dirs.sh's defaults, each overridden by its environment variable."""
+    import re
+
+    defaults = {"PYTURBO_BUILD_DIR": "build"}  # an installed package has no scripts/
+    script = REPO_ROOT / "scripts" / "build_dirs.sh"
+    if script.exists():
+        defaults.update(re.findall(r'^: "\$\{(\w+):=([^}]+)\}"', script.read_text(), re.MULTILINE))
+    return {name: Path(os.environ.get(name) or REPO_ROOT / value).resolve() for name, value in defaults.items()}
+
+
 def build_dir() -> Path:
-    """The CMake build directory of a checkout build (PYTURBO_BUILD_DIR or <checkout>/build)."""
-    env = os.environ.get("PYTURBO_BUILD_DIR")
-    return Path(env).resolve() if env else REPO_ROOT / "build"
+    """The CMake build directory of a checkout build (PYTURBO_BUILD_DIR, else scripts/build_dirs.sh's)."""
+    return build_dirs()["PYTURBO_BUILD_DIR"]
 
 
 def lib_dir() -> Path:

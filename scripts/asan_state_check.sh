@@ -5,9 +5,9 @@
 # restores truncated and corrupted slot files into an ASan llama-server with turboq caches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MAIN_BUILD=${PYTURBO_BUILD_DIR:-build}
-ASAN_BUILD=${PYTURBO_ASAN_BUILD_DIR:-build-asan}
-upstream=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["upstream_src"])' "$MAIN_BUILD/pyturbo-build.json")
+source scripts/build_dirs.sh
+ASAN_BUILD=$PYTURBO_ASAN_BUILD_DIR
+upstream=$(patched_upstream)
 cmake -S . -B "$ASAN_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPYTURBO_UPSTREAM_DIR="$upstream" \
     -DLLAMA_SANITIZE_ADDRESS=ON -DGGML_SANITIZE_ADDRESS=ON -DLLAMA_BUILD_TESTS=OFF >/dev/null
 cmake --build "$ASAN_BUILD" -j"$(nproc)" --target llama-server

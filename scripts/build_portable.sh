@@ -19,8 +19,8 @@ if [ ${#need[@]} -gt 0 ]; then
     fi
 fi
 
-MAIN_BUILD=${PYTURBO_BUILD_DIR:-build}
-upstream=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["upstream_src"])' "$MAIN_BUILD/pyturbo-build.json")
+source scripts/build_dirs.sh
+upstream=$(patched_upstream)
 launcher=()
 if command -v ccache >/dev/null; then
     launcher=(-DCMAKE_C_COMPILER_LAUNCHER="env;CCACHE_BASEDIR=$PWD;CCACHE_NOHASHDIR=1;ccache"
@@ -28,14 +28,14 @@ if command -v ccache >/dev/null; then
 fi
 
 # AArch64, the compiler's baseline (armv8-a: NEON, no dotprod or fp16 arithmetic)
-cmake -S tests/portable -B build-aarch64 -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_SRC="$upstream" \
+cmake -S tests/portable -B "$PYTURBO_AARCH64_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_SRC="$upstream" \
     -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 \
     -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ \
     -DGGML_NATIVE=OFF "${launcher[@]}" >/dev/null
-cmake --build build-aarch64 -j"$(nproc)" --target turboq-check
+cmake --build "$PYTURBO_AARCH64_BUILD_DIR" -j"$(nproc)" --target turboq-check
 
 # x86 without AVX2/FMA (SSE4.2 stays): every turboq kernel takes its generic version
-cmake -S tests/portable -B build-scalar -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_SRC="$upstream" \
+cmake -S tests/portable -B "$PYTURBO_SCALAR_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_SRC="$upstream" \
     -DGGML_NATIVE=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_AVX512=OFF \
     -DGGML_AVX_VNNI=OFF -DGGML_BMI2=OFF "${launcher[@]}" >/dev/null
-cmake --build build-scalar -j"$(nproc)" --target turboq-check
+cmake --build "$PYTURBO_SCALAR_BUILD_DIR" -j"$(nproc)" --target turboq-check

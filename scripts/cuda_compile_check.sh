@@ -8,8 +8,8 @@
 # Environment (all optional):
 #   PYTURBO_UPSTREAM_DIR  patched llama.cpp tree; default: upstream_src of $MAIN_BUILD/pyturbo-build.json,
 #                         else $MAIN_BUILD/upstream/llama.cpp (what `cmake -B build` prepares)
-#   PYTURBO_BUILD_DIR     the main build dir, as in scripts/setup.sh (default: build)
-#   CUDA_CHECK_BUILD      the CUDA build dir (default: build-cuda-check; never the main build)
+#   PYTURBO_BUILD_DIR     the main build dir (default: scripts/build_dirs.sh's)
+#   CUDA_CHECK_BUILD      the CUDA build dir (default: scripts/build_dirs.sh's; never the main build)
 #   CUDA_CHECK_JOBS       parallel compiles (default: nproc)
 #   CUDA_CHECK_ARCH       CMAKE_CUDA_ARCHITECTURES (default: 90)
 #   CUDA_CHECK_OBJECTS    space-separated .cu paths relative to ggml/src/ggml-cuda (default: the turboq set)
@@ -23,8 +23,9 @@ t_start=$(date +%s)
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-MAIN_BUILD=${PYTURBO_BUILD_DIR:-build}
-BDIR=${CUDA_CHECK_BUILD:-build-cuda-check}
+source scripts/build_dirs.sh
+MAIN_BUILD=$PYTURBO_BUILD_DIR
+BDIR=${CUDA_CHECK_BUILD:-$PYTURBO_CUDA_CHECK_BUILD_DIR}
 JOBS=${CUDA_CHECK_JOBS:-$(nproc)}
 ARCH=${CUDA_CHECK_ARCH:-90}
 

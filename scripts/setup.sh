@@ -25,7 +25,8 @@ fi
 if [ $serve_only = 1 ]; then extras=(server); else extras=(--all --exclude llama-cpp-python); fi
 python3 -m pip install --quiet --disable-pip-version-check -r <(python3 scripts/requirements.py "${extras[@]}")
 
-BUILD_DIR=${PYTURBO_BUILD_DIR:-build}
+source scripts/build_dirs.sh
+BUILD_DIR=$PYTURBO_BUILD_DIR
 # the interpreter is named each time: `pip install .` configures the same build dir from its own
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" >/dev/null
 if [ $serve_only = 1 ]; then

@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup_vulkan_deps.sh
 
-MAIN_BUILD=${PYTURBO_BUILD_DIR:-build}
-VK_BUILD=${PYTURBO_VULKAN_BUILD_DIR:-build-vulkan}
-upstream=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["upstream_src"])' "$MAIN_BUILD/pyturbo-build.json")
+source scripts/build_dirs.sh
+VK_BUILD=$PYTURBO_VULKAN_BUILD_DIR
+upstream=$(patched_upstream)
 cmake -S . -B "$VK_BUILD" -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_DIR="$upstream" -DGGML_VULKAN=ON >/dev/null
 cmake --build "$VK_BUILD" -j"$(nproc)" --target test-backend-ops llama-perplexity

@@ -82,3 +82,19 @@ def test_the_serve_only_build_target_is_what_the_server_runs():
     assert "add_custom_target(pyturbo-serve DEPENDS llama ggml llama-server)" in cmake
     assert "setup.sh --serve" in (ROOT / "scripts" / "serve.sh").read_text()
     assert "--target pyturbo-serve" in (ROOT / "scripts" / "setup.sh").read_text()
+
+
+def test_build_directories_are_named_in_one_place():
+    """scripts/build_dirs.sh names them; the scripts source it, pyturbo._paths reads it, and
+    pyproject's build-dir (the one pip install . shares with setup.sh) agrees with it."""
+    import re
+    import tomllib
+    from pyturbo._paths import build_dirs
+
+    dirs = build_dirs()
+    assert dirs["PYTURBO_BUILD_DIR"].name == tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["scikit-build"]["build-dir"]
+    assert {"PYTURBO_VULKAN_BUILD_DIR", "PYTURBO_AARCH64_BUILD_DIR", "PYTURBO_SCALAR_BUILD_DIR"} <= set(dirs)
+    for script in (ROOT / "scripts").glob("*.sh"):
+        text = script.read_text()
+        assert not re.search(r"PYTURBO_\w*BUILD_DIR:-", text), f"{script.name} sets its own default"
+        assert not re.search(r"-B\s+build-", text), f"{script.name} names a build directory"

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from pyturbo import codec, reference
+from pyturbo._paths import build_dirs
 from pyturbo.types import cache_type
 
 from helpers import causal_mask  # tests/ is on sys.path (pytest prepend mode)
@@ -34,7 +35,7 @@ TURBOQ = ["turboq2", "turboq3", "turboq4", "turboq8"]
 
 
 def _runner(name: str) -> list[str]:
-    exe = ROOT / f"build-{name}" / "bin" / "turboq-check"
+    exe = build_dirs()[f"PYTURBO_{name.upper()}_BUILD_DIR"] / "bin" / "turboq-check"
     prefix = ["qemu-aarch64"] if name == "aarch64" else []
     missing = [] if exe.exists() else [str(exe)]
     if prefix and shutil.which(prefix[0]) is None:

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from pyturbo import data
-from pyturbo._paths import REPO_ROOT, cache_dir, tool_env
+from pyturbo._paths import build_dirs, cache_dir, tool_env
 from pyturbo.tools import llama_perplexity as perplexity
 
-VK_BUILD = Path(os.environ.get("PYTURBO_VULKAN_BUILD_DIR") or REPO_ROOT / "build-vulkan").resolve()
+VK_BUILD = build_dirs()["PYTURBO_VULKAN_BUILD_DIR"]
 REQUIRED = os.environ.get("CI") == "true" or os.environ.get("PYTURBO_REQUIRE_VULKAN") == "1"
 
 # Tolerances of the end-to-end check: the same cache bytes and the same rotated-domain attention,

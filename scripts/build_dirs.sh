@@ -1,0 +1,14 @@
+# The build directories, in one place. Every script sources this file; pyturbo/_paths.py
+# (build_dirs()) and the tests read it, and a test checks pyproject.toml's build-dir against it.
+# Each is a default: the variable, when set, wins.
+: "${PYTURBO_BUILD_DIR:=build}"                    # the main build (scripts/setup.sh, pip install .)
+: "${PYTURBO_VULKAN_BUILD_DIR:=build-vulkan}"      # scripts/setup_vulkan.sh, for tests/test_vulkan.py
+: "${PYTURBO_CUDA_CHECK_BUILD_DIR:=build-cuda-check}"  # scripts/cuda_compile_check.sh
+: "${PYTURBO_ASAN_BUILD_DIR:=build-asan}"          # scripts/asan_state_check.sh
+: "${PYTURBO_AARCH64_BUILD_DIR:=build-aarch64}"    # scripts/build_portable.sh, for tests/test_portable_kernels.py
+: "${PYTURBO_SCALAR_BUILD_DIR:=build-scalar}"      # the same, x86 without AVX2/FMA
+
+# the patched llama.cpp tree that the main build prepared (its pyturbo-build.json says where)
+patched_upstream() {
+    python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["upstream_src"])' "$PYTURBO_BUILD_DIR/pyturbo-build.json"
+}
