@@ -58,6 +58,7 @@ def _download_from_index(tmp: str) -> Path | None:
     `pip download` of an sdist first builds its metadata in an isolated environment, which on a
     fresh machine (no pip cache) downloads and installs scikit-build-core, cmake and ninja: minutes
     for a file whose bytes the pinned sha256 already vouches for."""
+    import http.client
     import re
     import urllib.error
     import urllib.parse
@@ -76,7 +77,7 @@ def _download_from_index(tmp: str) -> Path | None:
         with urllib.request.urlopen(url, timeout=120) as r, open(got, "wb") as f:
             shutil.copyfileobj(r, f, 1 << 20)
         return got
-    except (urllib.error.URLError, OSError, ValueError) as e:
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
         print(f"prepare: {page}: {e}; trying pip download", file=sys.stderr)
         return None
 
@@ -88,9 +89,10 @@ def fetch_sdist() -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         got = _download_from_index(tmp)
         if got is None or sha256_of(got) != UPSTREAM_SDIST_SHA256:
+            pip_dir = Path(tmp) / "pip"  # not beside a bad download, which pip would take as its own
             subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                            "--quiet", UPSTREAM_SDIST, "-d", tmp], check=True)
-            got = Path(tmp) / UPSTREAM_SDIST_NAME
+                            "--quiet", UPSTREAM_SDIST, "-d", str(pip_dir)], check=True)
+            got = pip_dir / UPSTREAM_SDIST_NAME
         digest = sha256_of(got)
         if digest != UPSTREAM_SDIST_SHA256:
             sys.exit(f"prepare: {UPSTREAM_SDIST_NAME} sha256 {digest} != pinned {UPSTREAM_SDIST_SHA256}")

@@ -11,7 +11,6 @@ starts with BOS, as llama-perplexity's chunks do.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path

@@ -6,8 +6,16 @@ from __future__ import annotations
 
 import argparse
 import re
-import tomllib
+import sys
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        sys.exit("requirements.py: reading pyproject.toml needs Python 3.11 or the tomli package (pip install tomli)")
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 

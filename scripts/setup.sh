@@ -6,7 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 serve_only=0
-[ "${1:-}" = --serve ] && serve_only=1
+case "${1:-}" in
+    "") ;;
+    --serve) serve_only=1 ;;
+    *) echo "setup: unknown argument '$1' (the only one is --serve)" >&2; exit 2 ;;
+esac
 
 need=()
 command -v cmake >/dev/null || need+=(cmake)
@@ -23,7 +27,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 if [ $serve_only = 1 ]; then extras=(server); else extras=(--all --exclude llama-cpp-python); fi
-python3 -m pip install --quiet --disable-pip-version-check -r <(python3 scripts/requirements.py "${extras[@]}")
+reqs=$(python3 scripts/requirements.py "${extras[@]}")  # a failure here stops the setup (set -e)
+python3 -m pip install --quiet --disable-pip-version-check -r /dev/stdin <<< "$reqs"
 
 source scripts/build_dirs.sh
 BUILD_DIR=$PYTURBO_BUILD_DIR

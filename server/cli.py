@@ -74,6 +74,8 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--draft-model {args.draft_model}: no such file")
         args.cache_type_k_draft = cache_type(args.cache_type_k_draft or args.cache_type_k).name
         args.cache_type_v_draft = cache_type(args.cache_type_v_draft or args.cache_type_v).name
+        from .chat_template import gguf_metadata
+        gguf_metadata(args.draft_model)  # a file that is not a GGUF is refused here, with the reason
         if args.draft_max is not None and args.draft_max < 1:
             raise ValueError(f"--draft-max {args.draft_max}: must be at least 1")
     if args.engine != "llama-server":

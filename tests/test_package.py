@@ -84,13 +84,14 @@ def test_the_serve_only_build_target_is_what_the_server_runs():
     assert "--target pyturbo-serve" in (ROOT / "scripts" / "setup.sh").read_text()
 
 
-def test_build_directories_are_named_in_one_place():
+def test_build_directories_are_named_in_one_place(monkeypatch):
     """scripts/build_dirs.sh names them; the scripts source it, pyturbo._paths reads it, and
     pyproject's build-dir (the one pip install . shares with setup.sh) agrees with it."""
     import re
     import tomllib
     from pyturbo._paths import build_dirs
 
+    monkeypatch.delenv("PYTURBO_BUILD_DIR", raising=False)  # the defaults, not this run's override
     dirs = build_dirs()
     assert dirs["PYTURBO_BUILD_DIR"].name == tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["scikit-build"]["build-dir"]
     assert {"PYTURBO_VULKAN_BUILD_DIR", "PYTURBO_AARCH64_BUILD_DIR", "PYTURBO_SCALAR_BUILD_DIR"} <= set(dirs)

@@ -158,6 +158,7 @@ def test_api_key_guards_everything_but_health(engine, build_info):
     (["--draft-model", "/no/draft.gguf"], "--draft-model /no/draft.gguf: no such file"),
     (["-ctkd", "turboq3"], "need --draft-model"),
     (["--draft-model", str(ROOT / "README.md"), "-ctkd", "turboq9"], "unknown KV cache type 'turboq9'"),
+    (["--draft-model", str(ROOT / "README.md")], "not a readable GGUF file"),
     (["--engine", "python", "--embeddings"], "--embeddings needs the llama-server engine"),
     (["--embeddings", "sum"], "invalid choice: 'sum'"),
 ])
@@ -209,3 +210,38 @@ def test_binds_this_machine_only_by_default(build_info):
     argv = spec.argv()
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     assert "k" not in argv and spec.env()["LLAMA_API_KEY"] == "k"  # the key is not on the command line
+
+
+@pytest.mark.parametrize("host", ["llama-cpp-python", "jinja2"])
+def test_the_gemma_fallback_renders_tools_without_escaping(build_info, host):
+    """Python hosts render the fallback with Jinja2. llama-cpp-python's formatter has its own tojson;
+    Jinja2's returns Markup, and joined with `+` the whole prompt around it came out HTML-escaped
+    (&lt;start_of_turn&gt;), as a host that keeps Jinja2's filter would render it."""
+    from pyturbo._paths import use_patched_llama_cpp
+    from server.chat_template import TEMPLATES
+
+    source = (TEMPLATES / "gemma.jinja").read_text()
+    if host == "llama-cpp-python":
+        use_patched_llama_cpp()
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        fmt = Jinja2ChatFormatter(source, eos_token="<end_of_turn>", bos_token="<bos>")
+    else:
+        from types import SimpleNamespace
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(source)
+        fmt = lambda **kw: SimpleNamespace(prompt=template.render(bos_token="<bos>", add_generation_prompt=True, **kw))  # noqa: E731
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris & <Rome>?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]
+    prompt = fmt(messages=messages, tools=tools).prompt
+    assert "&lt;" not in prompt and "&#34;" not in prompt and "&amp;" not in prompt, prompt
+    assert prompt.startswith("<bos><start_of_turn>user\nYou may call") and '"name": "get_weather"' in prompt
+    assert 'Be brief.\n\nWeather in Paris & <Rome>?<end_of_turn>\n' in prompt
+    assert '<start_of_turn>model\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><end_of_turn>\n' in prompt
+    assert prompt.endswith("<start_of_turn>user\n<tool_response>\n18 C\n</tool_response><end_of_turn>\n<start_of_turn>model\n")
+    # without tools, a plain chat is what it was before tools were added
+    plain = fmt(messages=messages[:2]).prompt
+    assert plain == "<bos><start_of_turn>user\nBe brief.\n\nWeather in Paris & <Rome>?<end_of_turn>\n<start_of_turn>model\n"

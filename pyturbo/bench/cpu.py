@@ -118,8 +118,12 @@ def quality(args: argparse.Namespace) -> None:
     if args.plot != "none":
         path = Path(args.plot or f"bench-out/quality-{model.stem}-{text.stem}-c{args.ctx}.png")
         points = [(label, bpw, r.kld) for label, bpw, r in rows if label != "f16" and r.kld is not None and bpw == bpw]
-        plot_kld_per_bit(points, path, f"{model.name}, {text.name}, c={args.ctx}, {chunks} chunk(s): mean KLD vs f16 cache")
-        print(f"\nplot: {path}")
+        try:
+            plot_kld_per_bit(points, path, f"{model.name}, {text.name}, c={args.ctx}, {chunks} chunk(s): "
+                                           "mean KLD vs f16 cache")
+            print(f"\nplot: {path}")
+        except ImportError as e:  # the table above is the result; the plot needs the [bench] extra
+            print(f"\nno plot: {e} (pip install '.[bench]')", file=sys.stderr)
 
 
 def pareto_front(points: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
