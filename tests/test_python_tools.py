@@ -112,7 +112,7 @@ def test_bench_quality_writes_table_and_kld_per_bit_plot(tmp_path, gemma):
 
 
 def test_pareto_front_keeps_what_nothing_beats_on_both_axes():
-    from pyturbo.bench.cpu import pareto_front
+    from pyturbo.bench.plot import pareto_front
     pts = [("a", 8.5, 0.01), ("b", 4.5, 0.11), ("c", 4.25, 0.03), ("d", 3.125, 0.09), ("e", 3.99, 0.07),
            ("f", 2.125, 0.36), ("g", 5.0, 0.05)]
     assert [p[0] for p in pareto_front(pts)] == ["f", "d", "e", "c", "a"]

@@ -85,26 +85,11 @@ def markdown(rows: list[Row], title: str) -> str:
 
 
 def plot(rows: list[Row], path: Path, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plot import plot_kld_per_bit
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for r in rows:
-        if (r.type_k, r.type_v) == ("f16", "f16") or r.kld is None:
-            continue
-        turbo = "turboq" in r.type_k or "turboq" in r.type_v
-        ax.scatter(r.bpv, max(r.kld, 1e-5), c="tab:red" if turbo else "tab:blue", s=40)
-        ax.annotate(f"{r.type_k}/{r.type_v}", (r.bpv, max(r.kld, 1e-5)), fontsize=7, xytext=(4, 3), textcoords="offset points")
-    ax.set_xscale("linear")
-    ax.set_yscale("log")
-    ax.set_xlabel("bits per cached value (mean of K and V)")
-    ax.set_ylabel("mean KLD vs f16 cache (log scale)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    points = [(f"{r.type_k}/{r.type_v}", r.bpv, r.kld) for r in rows
+              if (r.type_k, r.type_v) != ("f16", "f16") and r.kld is not None]
+    plot_kld_per_bit(points, path, title)
 
 
 def main(model: str | None, text: str | None, quick: bool, threads: int, out_dir: str) -> None:
