@@ -34,8 +34,13 @@ def test_pip_install_in_a_fresh_venv(tmp_path, build_info, editable):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
 
-    r = run([str(py), "-m", "server", "--help"], cwd=outside)
+    r = run([str(py), "-m", "pyturbo.server", "--help"], cwd=outside)
     assert "--cache-type-k" in r.stdout and "--engine" in r.stdout
+    # the server is pyturbo.server, with its chat template; no top-level `server` package is installed
+    r = run([str(py), "-c", "import importlib.util as u, pyturbo.server.chat_template as c; "
+                            "print(u.find_spec('server') is None, (c.TEMPLATES / 'gemma.jinja').is_file())"], cwd=outside)
+    no_server, template = r.stdout.split()
+    assert template == "True" and (no_server == "True" or editable), r.stdout  # (an editable install maps the checkout)
 
     r = run([str(env_dir / "bin" / "pyturbo"), "doctor", "--json"], cwd=outside)
     rep = json.loads(r.stdout)
@@ -53,7 +58,7 @@ def test_pip_install_in_a_fresh_venv(tmp_path, build_info, editable):
     # the installed tools find their libraries ($ORIGIN), and the server refuses bad flags cleanly
     r = run([str(env_dir / "bin" / "pyturbo"), "llama-server", "--", "--version"], cwd=outside)
     assert "version" in (r.stdout + r.stderr).lower()
-    bad = subprocess.run([str(py), "-m", "server", "-ctk", "turboq9"], cwd=outside, capture_output=True, text=True,
+    bad = subprocess.run([str(py), "-m", "pyturbo.server", "-ctk", "turboq9"], cwd=outside, capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode != 0 and "unknown KV cache type 'turboq9'" in bad.stderr and "Traceback" not in bad.stderr
 

@@ -202,8 +202,8 @@ def test_engine_killed_during_generation_is_reported_and_the_supervisor_exits(bu
 
 
 def test_binds_this_machine_only_by_default(build_info):
-    from server.cli import parser
-    from server.llama_server import LaunchSpec
+    from pyturbo.server.cli import parser
+    from pyturbo.server.llama_server import LaunchSpec
     args = parser().parse_args([])
     assert args.host == "127.0.0.1"
     spec = LaunchSpec("m.gguf", "f16", "f16", 0, 4096, 4, args.host, args.port, "m", api_key="k")
@@ -218,7 +218,7 @@ def test_the_gemma_fallback_renders_tools_without_escaping(build_info, host):
     Jinja2's returns Markup, and joined with `+` the whole prompt around it came out HTML-escaped
     (&lt;start_of_turn&gt;), as a host that keeps Jinja2's filter would render it."""
     from pyturbo._paths import use_patched_llama_cpp
-    from server.chat_template import TEMPLATES
+    from pyturbo.server.chat_template import TEMPLATES
 
     source = (TEMPLATES / "gemma.jinja").read_text()
     if host == "llama-cpp-python":

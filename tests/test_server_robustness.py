@@ -208,7 +208,7 @@ def test_a_context_that_cannot_fit_is_refused_at_startup(build_info, engine):
 
     from pyturbo import data
     from pyturbo.memory import kv_bytes
-    from server.cli import mem_available
+    from pyturbo.server.cli import mem_available
 
     avail = mem_available()
     if avail is None:

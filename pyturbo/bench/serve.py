@@ -23,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .. import data
-from .._paths import REPO_ROOT
 from ..memory import kv_bytes
 from .local_server import free_port, post_json, wait_healthy
 from ..tools import kv_mib
@@ -35,9 +34,8 @@ class Server:
     def __init__(self, flags: list[str], timeout: float = 300) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cwd = REPO_ROOT if (REPO_ROOT / "server" / "cli.py").exists() else None  # a checkout; else installed
-        self.proc = subprocess.Popen([sys.executable, "-m", "server", "--port", str(self.port), *flags],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+        self.proc = subprocess.Popen([sys.executable, "-m", "pyturbo.server", "--port", str(self.port), *flags],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.log: list[str] = []
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()

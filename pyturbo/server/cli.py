@@ -17,8 +17,15 @@ from pyturbo.types import CACHE_TYPES, cache_type
 ENGINES = ("llama-server", "python")
 
 
+def _prog() -> str:
+    """`python -m server` (the checkout's entry point) or `python -m pyturbo.server`, as invoked."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return f"python -m {spec.name.removesuffix('.__main__')}" if spec and spec.name.endswith("server.__main__") \
+        else "python -m server"
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m server", description=__doc__,
+    ap = argparse.ArgumentParser(prog=_prog(), description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", choices=ENGINES, default="llama-server",
                     help="llama-server: the patched C++ server, parallel slots (default); "
