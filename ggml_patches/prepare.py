@@ -88,12 +88,13 @@ def fetch_sdist() -> Path:
         return dest
     with tempfile.TemporaryDirectory() as tmp:
         got = _download_from_index(tmp)
-        if got is None or sha256_of(got) != UPSTREAM_SDIST_SHA256:
+        digest = sha256_of(got) if got is not None else None
+        if digest != UPSTREAM_SDIST_SHA256:
             pip_dir = Path(tmp) / "pip"  # not beside a bad download, which pip would take as its own
             subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                             "--quiet", UPSTREAM_SDIST, "-d", str(pip_dir)], check=True)
             got = pip_dir / UPSTREAM_SDIST_NAME
-        digest = sha256_of(got)
+            digest = sha256_of(got)
         if digest != UPSTREAM_SDIST_SHA256:
             sys.exit(f"prepare: {UPSTREAM_SDIST_NAME} sha256 {digest} != pinned {UPSTREAM_SDIST_SHA256}")
         shutil.copyfile(got, dest)

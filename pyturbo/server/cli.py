@@ -113,12 +113,14 @@ def _check_memory(model: str, args: argparse.Namespace) -> None:
     buffer larger than the machine and the kernel kills it."""
     from pyturbo.memory import kv_bytes
 
+    from .llama_server import kv_unified
+
     avail = mem_available()
     if avail is None:
         return
     try:
         if args.engine == "llama-server":
-            unified = bool(args.embeddings) or any(a in ("--kv-unified", "-kvu") for a in args.extra)
+            unified = kv_unified(args.extra, args.embeddings)
             kv = kv_bytes(model, args.n_ctx * args.parallel, args.cache_type_k, args.cache_type_v, args.layer_adaptive,
                           n_seq=args.parallel, n_stream=1 if unified else args.parallel, upper_bound=True)
         else:  # llama-cpp-python keeps every sliding-window cell (swa_full)

@@ -19,6 +19,14 @@ from pyturbo._paths import binary, tool_env
 from .chat_template import Fallback
 
 
+def kv_unified(extra: list[str], embeddings: str | None) -> bool:
+    """Whether llama-server's slots share one KV cache: asked for with --kv-unified, or implied by
+    --embeddings. With a cache per slot, llama.cpp splits a batch into ubatches of equal tokens per
+    sequence, and a pooled embedding then covers only its last ubatch's tokens (an input batched
+    beside one of another length came back with cosine 0.90 to itself)."""
+    return bool(embeddings) or any(a in ("--kv-unified", "-kvu") for a in extra)
+
+
 @dataclass(frozen=True)
 class Draft:
     """Speculative decoding: the draft model and its cache (llama-server's -md, -ctkd, -ctvd)."""
@@ -65,11 +73,9 @@ class LaunchSpec:
         if self.draft:
             argv += self.draft.argv()
         if self.embeddings:
-            # --kv-unified: with a cache per slot, llama.cpp splits a batch into ubatches of equal
-            # tokens per sequence, and a pooled embedding then covers only its last ubatch's tokens
-            # (an input batched beside one of another length came back with cosine 0.90 to itself)
             argv += ["--embeddings", "--pooling", self.embeddings]
-            argv += [] if any(a in ("--kv-unified", "-kvu") for a in self.extra) else ["--kv-unified"]
+        if kv_unified(self.extra, self.embeddings) and not kv_unified(self.extra, None):
+            argv += ["--kv-unified"]
         if self.quiet:
             argv += ["-lv", "2"]
         return argv + self.extra
