@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ggml import _ptr, ggml
+from .ggml import ggml, ptr
 from .types import CacheType, cache_type
 
 __all__ = ["quantize", "dequantize", "encode"]
@@ -22,7 +22,7 @@ def quantize(x: np.ndarray, type_name: str | CacheType) -> np.ndarray:
     out = np.empty(nblocks * t.block_bytes, dtype=np.uint8)
     n_per_row = t.block_size
     g = ggml()
-    written = g.base.ggml_quantize_chunk(t.ggml_id, _ptr(x), _ptr(out), 0, nblocks, n_per_row, None)
+    written = g.base.ggml_quantize_chunk(t.ggml_id, ptr(x), ptr(out), 0, nblocks, n_per_row, None)
     assert written == out.size
     return out
 
@@ -35,7 +35,7 @@ def dequantize(blocks: np.ndarray, type_name: str | CacheType) -> np.ndarray:
         raise ValueError(f"{t.name} blocks are {t.block_bytes} bytes, got {b.size} bytes")
     n = b.size // t.block_bytes * t.block_size
     out = np.empty(n, dtype=np.float32)
-    ggml().to_float(t.ggml_id)(_ptr(b), _ptr(out), n)
+    ggml().to_float(t.ggml_id)(ptr(b), ptr(out), n)
     return out
 
 

@@ -1,7 +1,10 @@
-"""TURBO_LAYER_ADAPTIVE: per-layer K/V types, read from the patched libllama's own table.
+"""Layer-adaptive modes: per-layer K/V types, read from the patched libllama's own table.
 
 The table is `policies[]` in llama-turboq.cpp; llama_turboq_layer_policy hands its rows out, so
-Python never keeps a copy that could drift.
+Python never keeps a copy that could drift. A mode is a setting of the model, the GGUF key
+`key()` ("turboq.layer_adaptive"): llama.cpp's tools set it with `--layer-adaptive N` (or its
+environment alias TURBO_LAYER_ADAPTIVE), llama-cpp-python with `kv_overrides`, and
+pyturbo.Llama with `layer_adaptive=N`.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ class LayerPolicy:
     def is_boundary(self, il: int, n_layer: int) -> bool:
         """For the modes that pick boundary layers by position (k_gain_div == 0)."""
         if self.k_gain_div:
-            raise ValueError(f"TURBO_LAYER_ADAPTIVE={self.mode} picks its layers from the model's K weights")
+            raise ValueError(f"layer-adaptive mode {self.mode} picks its layers from the model's K weights")
         return self.at_the_ends(il, n_layer)
 
     def at_the_ends(self, il: int, n_layer: int) -> bool:
@@ -60,8 +63,22 @@ def policies() -> dict[int, LayerPolicy]:
     return out
 
 
+@lru_cache(maxsize=1)
+def key() -> str:
+    """The model key that holds the mode, as libllama names it."""
+    fn = library("llama").llama_turboq_layer_adaptive_key
+    fn.restype = C.c_char_p
+    fn.argtypes = []
+    return fn().decode()
+
+
+def kv_override(mode: int) -> dict[str, int]:
+    """The mode as llama-cpp-python's kv_overrides (Llama(..., kv_overrides=...))."""
+    return {key(): check_mode(mode)}
+
+
 def modes() -> tuple[int, ...]:
-    """The valid TURBO_LAYER_ADAPTIVE values (0 = every layer as requested)."""
+    """The valid modes (0 = every layer as requested)."""
     return (0, *sorted(policies()))
 
 

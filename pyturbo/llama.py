@@ -56,17 +56,6 @@ def scoped_env(values: dict[str, str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _layer_adaptive_env(mode: int | None) -> Iterator[None]:
-    """TURBO_LAYER_ADAPTIVE is read when a KV cache is created: set it for this model only."""
-    if mode is None:
-        yield
-        return
-    _la.check_mode(mode)
-    with scoped_env({"TURBO_LAYER_ADAPTIVE": str(mode)}):
-        yield
-
-
-@contextlib.contextmanager
 def captured_log(verbose: bool) -> Iterator[list[tuple[int, str]]]:
     """Collect llama.cpp's log lines as (level, text) while the block runs (and still print them when verbose)."""
     lines: list[tuple[int, str]] = []
@@ -94,11 +83,11 @@ def _errors(lines: list[tuple[int, str]]) -> str:
 
 
 @contextlib.contextmanager
-def creating_context(layer_adaptive: int | None = None, verbose: bool = True) -> Iterator[None]:
-    """Wrap the creation of a llama_cpp.Llama (by us or by llama-cpp-python's server):
-    TURBO_LAYER_ADAPTIVE set for this model only, one creation at a time (the variable is
-    process-wide), and a refusal raised as ContextError with llama.cpp's reason."""
-    with _create_lock, _layer_adaptive_env(layer_adaptive), captured_log(verbose) as log:
+def creating_context(verbose: bool = True) -> Iterator[None]:
+    """Wrap the creation of a llama_cpp.Llama (by us or by llama-cpp-python's server): a refusal
+    is raised as ContextError with llama.cpp's reason. One creation at a time, because the log
+    callback that catches the reason is process-wide."""
+    with _create_lock, captured_log(verbose) as log:
         try:
             yield
         except ValueError as e:
@@ -130,8 +119,11 @@ class Llama(llama_cpp.Llama):
         self.cache_type_k = tk.name if tk else None
         self.cache_type_v = tv.name if tv else None
         self.layer_adaptive = layer_adaptive or 0
+        if layer_adaptive is not None:
+            # a setting of the model (the GGUF key), so it reaches this model's caches only
+            kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_la.kv_override(layer_adaptive)}
         verbose = kwargs.get("verbose", True)
-        with creating_context(layer_adaptive, verbose):
+        with creating_context(verbose):
             super().__init__(model_path, *args, **kwargs)
 
     def save_state(self) -> llama_cpp.LlamaState:

@@ -80,7 +80,7 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     policy = policies().get(layer_adaptive) if layer_adaptive else None
     ranked = policy is not None and policy.k_gain_div
     if ranked and not upper_bound:
-        raise ValueError(f"TURBO_LAYER_ADAPTIVE={layer_adaptive} picks its layers from the model's K weights; "
+        raise ValueError(f"layer-adaptive mode {layer_adaptive} picks its layers from the model's K weights; "
                          "pass upper_bound=True for a bound")
     # for a bound, the layers with the most cells stand in for those of largest K gain
     boundary = boundary_layers(layer_adaptive, g.n_layer, cells if ranked else None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyturbo import codec, ggml, reference
+from pyturbo import attention, codec, reference
 from pyturbo.codebook import theoretical_vector_mse
 from pyturbo.types import TURBOQ_TYPES, cache_type
 from helpers import special_groups
@@ -95,7 +95,7 @@ def test_flash_attention_matches_numpy_on_dequantized_cache(lib, type_k, type_v,
     k = (rng.standard_normal((n_head_kv, n_kv, dk)) * 0.5).astype(np.float32)
     v = rng.standard_normal((n_head_kv, n_kv, dk)).astype(np.float32)
     scale = 1.0 / np.sqrt(dk)
-    out = ggml.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=2)
+    out = attention.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=2)
     # the same attention in float64 NumPy over the cache as ggml decodes it
     kd = decoded(k.reshape(-1), type_k).reshape(k.shape)
     vd = decoded(v.reshape(-1), type_v).reshape(v.shape)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyturbo import codec, ggml
+from pyturbo import attention, codec
 from pyturbo.reference import attention as numpy_attention
 from pyturbo.types import cache_type
 from helpers import causal_mask
@@ -57,13 +57,13 @@ def test_tiled_flash_attention_matches_numpy(lib, type_k, type_v, dk, n_q):
     want = numpy_attention(q, decoded(k, type_k), decoded(v, type_v), scale, mask.astype(np.float16))
     bound = TOL * max(1.0, float(np.abs(want).max()))
     for n_threads in (1, 2):
-        out = ggml.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=n_threads, mask=mask)
+        out = attention.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=n_threads, mask=mask)
         err = float(np.abs(out - want).max())
         assert err < bound, f"{n_threads} threads: max abs err {err:.3g} > {bound:.3g}"
     if n_q > 3:
         assert not out[:, 3].any(), "a fully masked query row must come out as zeros"
     if cache_type(type_k).is_turboq and cache_type(type_v).is_turboq:
-        ref = ggml.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=1, mask=mask, reference=True)
+        ref = attention.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=1, mask=mask, reference=True)
         err = float(np.abs(out - ref).max())
         assert err < bound, f"one-row path differs by {err:.3g}"
 
@@ -84,7 +84,7 @@ def test_tiled_flash_attention_grouping_per_head_mask_and_softcap(lib, type_k, t
     without_cap = numpy_attention(q, decoded(k, type_k), decoded(v, type_v), scale, mask.astype(np.float16))
     assert np.abs(without_cap - want).max() > 100 * bound, "the case must be sensitive to the soft cap"
     for n_threads in (1, 2):
-        out = ggml.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=n_threads, mask=mask, softcap=softcap)
+        out = attention.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=n_threads, mask=mask, softcap=softcap)
         err = float(np.abs(out - want).max())
         assert err < bound, f"{n_threads} threads: max abs err {err:.3g} > {bound:.3g}"
 
@@ -94,8 +94,8 @@ def test_one_row_path_is_still_reachable(lib):
     # result by more than the tiled path's own error (this is what keeps the test above meaningful)
     q, k, v = case(3, 4, 1, 8, 300, 128)
     mask = np.zeros((8, 300), dtype=np.float32)
-    tiled = ggml.flash_attn(q, k, v, "q8_0", "q8_0", mask=mask)
-    ref = ggml.flash_attn(q, k, v, "q8_0", "q8_0", mask=mask, reference=True)
+    tiled = attention.flash_attn(q, k, v, "q8_0", "q8_0", mask=mask)
+    ref = attention.flash_attn(q, k, v, "q8_0", "q8_0", mask=mask, reference=True)
     want = numpy_attention(q, decoded(k, "q8_0"), decoded(v, "q8_0"), 1 / np.sqrt(128), mask)
     assert np.abs(tiled - want).max() < TOL
     assert np.abs(ref - want).max() > 3 * TOL

@@ -140,11 +140,25 @@ def test_layer_adaptive_sets_per_layer_types_and_does_not_leak(Llama, gemma, cap
     import os
     llm = make(Llama, gemma, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive=7, verbose=True)
     err = capfd.readouterr().err
-    assert "TURBO_LAYER_ADAPTIVE=7" in err
-    assert "layer   0: TURBO_LAYER_ADAPTIVE=7: K turboq3, V q8_0" in err
-    assert "layer   5: TURBO_LAYER_ADAPTIVE=7: K turboq3, V turboq2" in err
-    assert "layer  17: TURBO_LAYER_ADAPTIVE=7: K turboq3, V q8_0" in err
+    assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in err
+    assert "layer   5: layer-adaptive mode 7: K turboq3, V turboq2" in err
+    assert "layer  17: layer-adaptive mode 7: K turboq3, V q8_0" in err
     assert "TURBO_LAYER_ADAPTIVE" not in os.environ
     other = make(Llama, gemma, cache_type_k="turboq3", cache_type_v="turboq3", verbose=True)
-    assert "TURBO_LAYER_ADAPTIVE" not in capfd.readouterr().err
+    assert "layer-adaptive mode" not in capfd.readouterr().err
+    del llm, other
+
+
+def test_layer_adaptive_is_a_kv_override(Llama, gemma, capfd, monkeypatch):
+    """layer_adaptive= is the model key turboq.layer_adaptive; plain llama-cpp-python reaches it
+    with kv_overrides, and libllama never reads TURBO_LAYER_ADAPTIVE (an alias of the tools'
+    --layer-adaptive only)."""
+    import llama_cpp
+    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "1")
+    llm = llama_cpp.Llama(str(gemma), n_ctx=256, flash_attn=True, type_k=61, type_v=61, verbose=True,
+                          kv_overrides={"turboq.layer_adaptive": 7})  # turboq3 = ggml type 61
+    err = capfd.readouterr().err
+    assert "layer   5: layer-adaptive mode 7: K turboq3, V turboq2" in err
+    other = make(Llama, gemma, cache_type_k="turboq3", cache_type_v="turboq3", verbose=True)
+    assert "layer-adaptive mode" not in capfd.readouterr().err
     del llm, other

@@ -146,17 +146,56 @@ def test_llama_bench_accepts_turboq(tiny128):
     assert "turboq3" in r.stdout
 
 
-def test_invalid_layer_adaptive_mode_is_an_error(tiny128, short_text, monkeypatch):
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_invalid_layer_adaptive_mode_is_an_error(tiny128, short_text, monkeypatch, how):
+    """--layer-adaptive and its environment alias TURBO_LAYER_ADAPTIVE are checked when the
+    arguments are parsed, against libllama's table."""
     from pyturbo import layer_adaptive
-    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "4")
+    extra = ("--layer-adaptive", "4") if how == "flag" else ()
+    if how == "env":
+        monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "4")
     r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128",
-                 "-ctk", "turboq3", "-ctv", "turboq3", check=False)
+                 "-ctk", "turboq3", "-ctv", "turboq3", *extra, check=False)
     assert r.returncode > 0
     out = r.stderr + r.stdout
-    assert "invalid TURBO_LAYER_ADAPTIVE='4'" in out
+    assert ("argument \"--layer-adaptive\"" if how == "flag" else "environment variable \"TURBO_LAYER_ADAPTIVE\"") in out
+    assert "'4' is not a layer-adaptive mode" in out
     # the C table is the truth; pyturbo reads its modes from the library, and they must be the ones it lists
     listed = re.search(r"valid modes are ([\d, ]+)", out).group(1)
     assert tuple(int(m) for m in listed.split(",")) == layer_adaptive.modes()
+
+
+def test_layer_adaptive_is_the_models_key(tiny128, short_text, monkeypatch):
+    """The mode is the model key turboq.layer_adaptive: a kv override (or the GGUF) sets it,
+    libllama checks it when the model loads, and the argument beats its environment alias."""
+    from pyturbo import layer_adaptive
+    assert layer_adaptive.key() == "turboq.layer_adaptive"
+    args = ("-m", str(tiny128), "-f", str(short_text), "-c", "128", "--chunks", "1", "-fa", "on", "-t", "2",
+            "-ctk", "turboq3", "-ctv", "turboq3", "-lv", "4")
+    r = run_tool("llama-perplexity", *args, "--override-kv", "turboq.layer_adaptive=int:4", check=False)
+    assert r.returncode > 0
+    assert "turboq.layer_adaptive=4 (set by" in r.stderr + r.stdout and "is not a layer-adaptive mode" in r.stderr + r.stdout
+    r = run_tool("llama-perplexity", *args, "--override-kv", "turboq.layer_adaptive=int:7")
+    assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in r.stderr + r.stdout
+    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "1")
+    r = run_tool("llama-perplexity", *args, "--layer-adaptive", "7")
+    assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in r.stderr + r.stdout
+    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "7")
+    r = run_tool("llama-perplexity", *args, "--layer-adaptive", "0")
+    assert "layer-adaptive mode" not in r.stderr + r.stdout
+
+
+def test_llama_bench_reads_the_environment_alias(tiny128, monkeypatch):
+    """llama-bench has no --layer-adaptive; it reads TURBO_LAYER_ADAPTIVE, checked like the argument."""
+    args = ("-m", str(tiny128), "-fa", "1", "-p", "16", "-n", "2", "-r", "1", "-ctk", "turboq3", "-ctv", "turboq3",
+            "-t", "2", "-o", "csv", "-v")
+    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "7")
+    r = run_tool("llama-bench", *args)
+    assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in r.stderr + r.stdout
+    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "4")
+    r = run_tool("llama-bench", *args, check=False)
+    assert r.returncode == 1
+    assert "TURBO_LAYER_ADAPTIVE: '4' is not a layer-adaptive mode" in r.stderr
 
 
 @pytest.mark.parametrize("mode,expect", [
@@ -167,15 +206,14 @@ def test_invalid_layer_adaptive_mode_is_an_error(tiny128, short_text, monkeypatc
     # K gain from the weights (RMS of attn_k_norm): layers 11 and 5 on Gemma 3 270M, 18 // 9 = 2 of them
     (3, {11: ("q8_0", "turboq3"), 5: ("q8_0", "turboq3"), 10: ("turboq3", "turboq3"), 0: ("turboq3", "turboq3")}),
 ])
-def test_layer_adaptive_modes_on_gemma_iswa(gemma, short_text, monkeypatch, mode, expect):
-    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", str(mode))
-    r = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=1)
+def test_layer_adaptive_modes_on_gemma_iswa(gemma, short_text, mode, expect):
+    r = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=1, extra=("--layer-adaptive", str(mode)))
     for il, (k, v) in expect.items():
-        assert f"layer {il:3d}: TURBO_LAYER_ADAPTIVE={mode}: K {k}, V {v}" in r.log
+        assert f"layer {il:3d}: layer-adaptive mode {mode}: K {k}, V {v}" in r.log
     assert math.isfinite(r.ppl)
     if mode != 3:  # pyturbo.layer_adaptive reads the C table; for the positional modes it must say what the C code did
         from pyturbo.layer_adaptive import layer_types
-        logged = dict(re.findall(rf"layer +(\d+): TURBO_LAYER_ADAPTIVE={mode}: (K \w+, V \w+)", r.log))
+        logged = dict(re.findall(rf"layer +(\d+): layer-adaptive mode {mode}: (K \w+, V \w+)", r.log))
         assert len(logged) == 18
         for il in range(18):
             k, v = layer_types(mode, il, 18, "turboq3", "turboq3")

@@ -206,7 +206,7 @@ class TurboQuantSlidingWindowLayer(TurboQuantLayer):
 
 
 def k_gains_from_gguf(path: str | Path) -> list[float]:
-    """Each layer's K gain as llama.cpp's TURBO_LAYER_ADAPTIVE=3 measures it: the RMS of
+    """Each layer's K gain as llama.cpp's layer-adaptive mode 3 measures it: the RMS of
     blk.N.attn_k_norm.weight, else of blk.N.attn_k.weight, from the GGUF's stored values."""
     import numpy as np
     from gguf import GGUFReader
@@ -228,7 +228,7 @@ def k_gains_from_gguf(path: str | Path) -> list[float]:
 
 def layer_cache_types(n_layer: int, type_k: str, type_v: str, layer_adaptive: int = 0,
                       k_gains: Sequence[float] | None = None) -> list[tuple[str, str]]:
-    """(K type, V type) of every layer under a TURBO_LAYER_ADAPTIVE mode, from libllama's table.
+    """(K type, V type) of every layer under a layer-adaptive mode, from libllama's table.
 
     The modes that rank layers by K gain (3) need k_gains (k_gains_from_gguf); they pick the
     n_layer // k_gain_div (at least 1) largest, ties to the lower layer, as llama.cpp does.
@@ -241,7 +241,7 @@ class TurboQuantCache(DynamicCache):
     """A DynamicCache whose layers store K and V as llama.cpp cache rows of the chosen types.
 
     cache_type_k / cache_type_v: turboq2/3/4/8, q8_0, f16, bf16 or f32 (any case).
-    layer_adaptive: a TURBO_LAYER_ADAPTIVE mode (pyturbo.layer_adaptive); mode 3 needs k_gains.
+    layer_adaptive: a layer-adaptive mode (pyturbo.layer_adaptive); mode 3 needs k_gains.
     k_center: K centering of turboq K layers, as llama.cpp does by default (TURBOQ_K_CENTER).
     exact_decode: decode reads with the C's butterflies bit for bit instead of the faster matmul.
     """

@@ -34,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
     names = ", ".join(CACHE_TYPES)
     ap.add_argument("--cache-type-k", "-ctk", default="f16", help=f"K cache type: {names}")
     ap.add_argument("--cache-type-v", "-ctv", default="f16", help=f"V cache type: {names}")
-    ap.add_argument("--layer-adaptive", type=int, default=0, help="TURBO_LAYER_ADAPTIVE mode (see the README)")
+    ap.add_argument("--layer-adaptive", type=int, default=0, help="layer-adaptive mode: per-layer K/V types (see the README)")
     ap.add_argument("--n-ctx", type=int, default=4096, help="context of each slot, in tokens (default 4096)")
     ap.add_argument("--parallel", "-np", type=int, default=4,
                     help="slots decoding at once (llama-server engine; default 4). The python engine serves one "

@@ -66,6 +66,8 @@ class LaunchSpec:
                 # llama-server's -c is the total that its slots share
                 "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
                 "--host", self.host, "--port", str(self.port)]
+        # also when 0: the argument beats a TURBO_LAYER_ADAPTIVE in the caller's environment
+        argv += ["--layer-adaptive", str(self.layer_adaptive)]
         if self.n_threads:
             argv += ["-t", str(self.n_threads), "-tb", str(self.n_threads)]
         if self.chat_fallback:
@@ -81,7 +83,7 @@ class LaunchSpec:
         return argv + self.extra
 
     def env(self) -> dict[str, str]:
-        extra = {"TURBO_LAYER_ADAPTIVE": str(self.layer_adaptive)}
+        extra = {}
         if self.api_key:
             extra["LLAMA_API_KEY"] = self.api_key  # not on the command line, where `ps` shows it
         return tool_env(extra)

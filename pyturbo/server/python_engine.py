@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pyturbo.llama as pl  # sets LLAMA_CPP_LIB_PATH before llama_cpp loads
+from pyturbo import layer_adaptive
 from pyturbo.types import cache_type
 
 import uvicorn
@@ -36,8 +37,13 @@ _load_upstream = server_model.LlamaProxy.load_llama_from_model_settings
 
 
 def _load_model(settings: ModelSettings):
-    """llama-cpp-python's loader inside pyturbo's context guard, plus the chat template fallback."""
-    with pl.creating_context(getattr(settings, "layer_adaptive", 0), settings.verbose):
+    """llama-cpp-python's loader inside pyturbo's context guard, with the layer-adaptive mode as
+    the model's kv override, plus the chat template fallback."""
+    mode = getattr(settings, "layer_adaptive", 0)
+    if mode:
+        (k, v), = layer_adaptive.kv_override(mode).items()
+        settings = settings.model_copy(update={"kv_overrides": [*(settings.kv_overrides or []), f"{k}=int:{v}"]})
+    with pl.creating_context(settings.verbose):
         llm = _load_upstream(settings)
     path = getattr(settings, "chat_template_file", None)
     if path:

@@ -3,6 +3,7 @@
 #include "llama-impl.h"
 #include "llama-io.h"
 #include "llama-model.h"
+#include "llama-model-loader.h"
 #include "llama-context.h"
 #include "llama-kv-cache.h"
 #include "llama-kv-cache-iswa.h"
@@ -101,20 +102,39 @@ bool llama_turboq_layer_policy(int32_t i, int32_t * out) {
     return true;
 }
 
-int llama_turboq_layer_adaptive_mode() {
-    if (t_calibrating) {
-        return 0;
+const char * llama_turboq_layer_adaptive_key(void) {
+    return "turboq.layer_adaptive";
+}
+
+void llama_turboq_load_model_settings(const llama_model_loader & ml, llama_model & model) {
+    const char * key = llama_turboq_layer_adaptive_key();
+    int64_t mode = 0;
+    std::string from;
+    const auto it = ml.kv_overrides.find(key);
+    if (it != ml.kv_overrides.end()) {
+        if (it->second.tag != LLAMA_KV_OVERRIDE_TYPE_INT) {
+            throw std::runtime_error(std::string(key) + ": the override must be an int (a layer-adaptive mode)");
+        }
+        mode = it->second.val_i64;
+        from = "set by --layer-adaptive, TURBO_LAYER_ADAPTIVE or kv_overrides";
+    } else if (const int64_t id = gguf_find_key(ml.metadata, key); id >= 0) {
+        switch (gguf_get_kv_type(ml.metadata, id)) {
+            case GGUF_TYPE_INT32:  mode = gguf_get_val_i32(ml.metadata, id); break;
+            case GGUF_TYPE_UINT32: mode = gguf_get_val_u32(ml.metadata, id); break;
+            case GGUF_TYPE_INT64:  mode = gguf_get_val_i64(ml.metadata, id); break;
+            default: throw std::runtime_error(std::string(key) + " in the GGUF must be an integer (a layer-adaptive mode)");
+        }
+        from = "from the GGUF";
     }
-    const char * env = std::getenv("TURBO_LAYER_ADAPTIVE");
-    if (env == nullptr || *env == '\0') {
-        return 0;
+    if (mode != 0 && policy_of((int) mode) == nullptr) {
+        throw std::runtime_error(std::string(key) + "=" + std::to_string(mode) + " (" + from +
+                                 ") is not a layer-adaptive mode: valid modes are " + valid_modes());
     }
-    char * end = nullptr;
-    const long mode = std::strtol(env, &end, 10);
-    if (*end != '\0' || (mode != 0 && policy_of((int) mode) == nullptr)) {
-        throw std::runtime_error(std::string("invalid TURBO_LAYER_ADAPTIVE='") + env + "': valid modes are " + valid_modes());
-    }
-    return (int) mode;
+    model.turboq_layer_adaptive = (int) mode;
+}
+
+int llama_turboq_layer_adaptive_mode(const llama_model & model) {
+    return t_calibrating ? 0 : model.turboq_layer_adaptive;
 }
 
 std::vector<bool> llama_turboq_boundary_layers(int mode, const llama_model & model) {
@@ -148,13 +168,13 @@ std::vector<bool> llama_turboq_boundary_layers(int mode, const llama_model & mod
         }
         const double g = weight_rms(w);
         if (g < 0.0) {
-            throw std::runtime_error("TURBO_LAYER_ADAPTIVE=" + std::to_string(mode) + ": cannot read the K weights of layer " +
+            throw std::runtime_error("layer-adaptive mode " + std::to_string(mode) + ": cannot read the K weights of layer " +
                                      std::to_string(il) + " (type " + ggml_type_name(w->type) + ")");
         }
         gain.push_back({ g, il });
     }
     if (gain.empty()) {
-        throw std::runtime_error("TURBO_LAYER_ADAPTIVE=" + std::to_string(mode) + ": this model has no K weights to rank its layers by");
+        throw std::runtime_error("layer-adaptive mode " + std::to_string(mode) + ": this model has no K weights to rank its layers by");
     }
     std::sort(gain.begin(), gain.end(), [](const auto & a, const auto & b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
     const size_t n_pick = std::max<size_t>(1, n_layer/p->k_gain_div);
@@ -189,7 +209,7 @@ void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t 
 
 void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k, uint32_t n_embd_head_v, bool v_trans) {
     const auto fail = [&](const std::string & why) {
-        throw std::runtime_error("TURBO_LAYER_ADAPTIVE: layer " + std::to_string(il) + ": " + why);
+        throw std::runtime_error("layer-adaptive: layer " + std::to_string(il) + ": " + why);
     };
     if (n_embd_head_k % ggml_blck_size(lt.type_k) != 0) {
         fail(std::string("K type ") + ggml_type_name(lt.type_k) + " needs head_dim % " + std::to_string(ggml_blck_size(lt.type_k)) +

@@ -3,7 +3,10 @@
 // Layer-adaptive KV-cache precision for the TurboQuant types (pyturbo), K centering and
 // sequence state file checksums.
 //
-// TURBO_LAYER_ADAPTIVE picks per-layer K/V types when a KV cache is created:
+// The layer-adaptive mode picks per-layer K/V types when a KV cache is created. It is a setting of
+// the model, the key turboq.layer_adaptive: read when the model loads, from kv_overrides (common's
+// --layer-adaptive, whose environment alias is TURBO_LAYER_ADAPTIVE; llama-cpp-python's
+// kv_overrides) or from the GGUF, 0 when neither has it:
 //   0  uniform (default)
 //   1  K+V = q8_0 for the first 4 and last 4 layers
 //   2  K+V = q8_0 for the last 8 layers
@@ -28,10 +31,17 @@ struct llama_turboq_layer_types {
 // v_boundary, v_other}, ggml type ids with -1 for "as requested"; false past the last row
 extern "C" bool llama_turboq_layer_policy(int32_t i, int32_t * out);
 
-// the mode from TURBO_LAYER_ADAPTIVE (0 when unset); throws std::runtime_error for an invalid value
-int llama_turboq_layer_adaptive_mode();
+// the key, for tools and bindings that set it ("turboq.layer_adaptive")
+extern "C" const char * llama_turboq_layer_adaptive_key(void);
 
 struct llama_model;
+struct llama_model_loader;
+
+// reads the model's mode while it loads; throws std::runtime_error for a value that is not a mode
+void llama_turboq_load_model_settings(const llama_model_loader & ml, llama_model & model);
+
+// the mode of a cache created for this model (0 for the K-centering calibration's own cache)
+int llama_turboq_layer_adaptive_mode(const llama_model & model);
 
 // which layers are the mode's boundary layers (all false for mode 0); throws std::runtime_error
 // when the mode ranks layers by K gain and the model's K weights cannot be read

@@ -1,0 +1,67 @@
+#pragma once
+
+// pyturbo: the layer-adaptive mode of the turboq KV caches is a model setting, the key that
+// llama_turboq_layer_adaptive_key() names, read when the model loads. Tools set it through the
+// model's kv_overrides: common's --layer-adaptive N, whose environment alias is
+// TURBO_LAYER_ADAPTIVE, and llama-bench, which has no such parser, from the alias alone.
+
+#include "llama.h"
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#define COMMON_TURBOQ_LAYER_ADAPTIVE_ENV "TURBO_LAYER_ADAPTIVE"
+
+// libllama's (src/llama-turboq.h): the key, and the rows of the mode table
+extern "C" const char * llama_turboq_layer_adaptive_key(void);
+extern "C" bool llama_turboq_layer_policy(int32_t i, int32_t * out);
+
+// sets the mode in an override list that is not terminated yet; a later setting replaces an
+// earlier one (the model loader keeps the first of two equal keys)
+inline void common_turboq_set_layer_adaptive(std::vector<llama_model_kv_override> & overrides, int64_t mode) {
+    const char * key = llama_turboq_layer_adaptive_key();
+    for (auto it = overrides.begin(); it != overrides.end();) {
+        it = std::strcmp(it->key, key) == 0 ? overrides.erase(it) : it + 1;
+    }
+    llama_model_kv_override kvo = {};
+    std::strncpy(kvo.key, key, sizeof(kvo.key) - 1);
+    kvo.tag     = LLAMA_KV_OVERRIDE_TYPE_INT;
+    kvo.val_i64 = mode;
+    overrides.push_back(kvo);
+}
+
+// a layer-adaptive mode from text (an argument, the environment); throws std::invalid_argument,
+// naming the valid modes, when it is not one
+inline int64_t common_turboq_parse_layer_adaptive(const std::string & text) {
+    std::string valid = "0";
+    bool known = false;
+    char * end = nullptr;
+    errno = 0;
+    const long long mode = std::strtoll(text.c_str(), &end, 10);
+    const bool number = !text.empty() && *end == '\0' && errno == 0;
+    int32_t row[7];
+    for (int32_t i = 0; llama_turboq_layer_policy(i, row); ++i) {
+        valid += ", " + std::to_string(row[0]);
+        known = known || (number && row[0] == mode);
+    }
+    if (!number || (mode != 0 && !known)) {
+        throw std::invalid_argument("'" + text + "' is not a layer-adaptive mode: valid modes are " + valid);
+    }
+    return mode;
+}
+
+// TURBO_LAYER_ADAPTIVE's mode; false when it is unset; throws as above (also when it is empty,
+// as common's parser does)
+inline bool common_turboq_layer_adaptive_from_env(int64_t & mode) {
+    const char * env = std::getenv(COMMON_TURBOQ_LAYER_ADAPTIVE_ENV);
+    if (env == nullptr) {
+        return false;
+    }
+    mode = common_turboq_parse_layer_adaptive(env);
+    return true;
+}
