@@ -53,7 +53,8 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         report["layer_adaptive_modes"] = f"libllama not loadable: {e}"
         ok = False
     try:
-        from . import codec, reference
+        from . import codec
+        from .lab import reference
         x = np.random.default_rng(0).standard_normal(256).astype(np.float32)
         for t in ("turboq2", "turboq3", "turboq4", "turboq8"):
             same = np.array_equal(codec.quantize(x, t), reference.quantize(x, t))
@@ -88,7 +89,7 @@ def cmd_perplexity(args: argparse.Namespace) -> None:
                else [(cache_type(args.cache_type_k).name, cache_type(args.cache_type_v).name)])
     if args.backend == "hf":
         from .hf.models import load
-        from .hf.perplexity import hf_perplexity
+        from .perplexity.hf import hf_perplexity
         from .hf.torch_codec import check_type
 
         for tk, tv in configs:  # a bad name fails before the model loads
@@ -102,7 +103,7 @@ def cmd_perplexity(args: argparse.Namespace) -> None:
             return hf_perplexity(model, text, tk, tv, args.layer_adaptive, args.max_length, args.stride,
                                  args.max_tokens, args.threads, score_from=args.score_from)
     else:
-        from .sliding_window import sliding_window_perplexity
+        from .perplexity.llama import sliding_window_perplexity
 
         model_path = str(data.model_path(args.model))
 
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("bench", help="benchmarks: matrix, quality, speed, serve (ratios measured in one run)")
     from .bench import add_parsers as add_bench_parsers
     add_bench_parsers(p.add_subparsers(dest="bench", required=True))
-    p = sub.add_parser("kvlab", help="K/V lab: real Q/K/V replayed with encoder variants (pyturbo.kvlab)")
+    p = sub.add_parser("kvlab", help="K/V lab: real Q/K/V replayed with encoder variants (pyturbo.lab.kvlab)")
     p.add_argument("action", choices=["dump", "replay", "validate"],
                    help="dump Q/K/V; replay the variant table; validate = replay + llama-perplexity KLD and rank correlation")
     p.add_argument("--model", help="GGUF (default: bundled Gemma 3 270M)")
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--attn-scale", type=float, default=256 ** -0.5, help="logit scale (Gemma 3: query_pre_attn_scalar^-1/2)")
     p.add_argument("--e2e-chunks", type=int, default=20, help="llama-perplexity chunks for validate")
     p.add_argument("--threads", type=int, default=2)
-    p.set_defaults(func=lambda a: __import__("pyturbo.kvlab", fromlist=["main"]).main(a))
+    p.set_defaults(func=lambda a: __import__("pyturbo.lab.kvlab", fromlist=["main"]).main(a))
     p = sub.add_parser("model-path", help="print the path of the bundled default model (fetching it once)")
     p.set_defaults(func=lambda a: print(data.default_model()))
     p = sub.add_parser("corpus-path", help="print the path of botchan.txt (fetching it once)")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CUDA compile check (no GPU needed): compiles, for sm_90, only the ggml-cuda objects that the
 # pyturbo series touches or adds (every ggml-cuda .cu that mentions turboq), and fails on any
-# compile error or on a compiler warning in one of our files.
+# compile error or on a compiler warning in one of our files; then configures the pip route
+# (CMAKE_ARGS="-DGGML_CUDA=on" pip wheel) without compiling.
 #
 #   scripts/cuda_compile_check.sh
 #
@@ -160,6 +161,26 @@ if grep -E "turboq[^ ]*\.(cu|cuh)[^ ]*: *(warning|Warning)|turboq[^ ]*\.(cu|cuh)
     die "compiler warnings in the turboq CUDA files (log: $BUILD_LOG)"
 fi
 grep -iE "warning" "$BUILD_LOG" | head -n 20 || true
+
+# ---- the pip route: what `CMAKE_ARGS="-DGGML_CUDA=on" pip install .` configures ----
+# scikit-build-core passes CMAKE_ARGS to the same CMakeLists; building only the `help` target and
+# installing an empty component stops it before compiling, in a build dir of its own
+PIP_DIR="$BDIR/pip"
+PIP_LOG="$BDIR/cuda-check-pip.log"
+rm -rf "$PIP_DIR"
+mkdir -p "$PIP_DIR"
+pip_args=("-DGGML_CUDA=on" "-DCMAKE_CUDA_COMPILER=$NVCC" "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" "-DGGML_CUDA_NO_VMM=ON"
+          "-DPYTURBO_UPSTREAM_DIR=$UPSTREAM" "${CUBLAS_EXTRA[@]}")
+if ! CMAKE_ARGS="${pip_args[*]}" python3 -m pip wheel "$ROOT" --no-deps --quiet -w "$PIP_DIR/wheel" \
+        --config-settings=build-dir="$PIP_DIR/build" --config-settings=build.targets=help \
+        --config-settings=install.components=none > "$PIP_LOG" 2>&1; then
+    tail -n 30 "$PIP_LOG"
+    die "pip with CMAKE_ARGS=-DGGML_CUDA=on did not configure (log: $PIP_LOG)"
+fi
+grep -q "^GGML_CUDA:BOOL=on$" "$PIP_DIR/build/CMakeCache.txt" || die "the pip build did not take GGML_CUDA from CMAKE_ARGS"
+PIP_MAKE=$(find "$PIP_DIR/build" -path '*ggml-cuda.dir/build.make' | head -n 1)
+[ -n "$PIP_MAKE" ] && grep -q "turboq.cu" "$PIP_MAKE" || die "the pip build's ggml-cuda target has no turboq.cu"
+log "pip route: CMAKE_ARGS=-DGGML_CUDA=on configures ggml-cuda with the turboq kernels"
 
 t_end=$(date +%s)
 log "OK: ${#TARGETS[@]} objects; build $((t_end - t_build)) s, wall $((t_end - t_start)) s"

@@ -1,16 +1,16 @@
-"""The generated sources: the C/GLSL tables from pyturbo.codebook (the codebooks being what the
-paper prescribes) and the CUDA flash-attention instances from pyturbo.cuda_instances."""
+"""The generated sources: the C/GLSL tables from pyturbo.lab.codebook (the codebooks being what the
+paper prescribes) and the CUDA flash-attention instances from pyturbo.lab.cuda_instances."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pyturbo import codebook, cuda_instances
+from pyturbo.lab import codebook, cuda_instances
 
 
 def test_header_is_regenerated_identically():
     for path, text in codebook.generated_files().items():
-        assert path.read_text() == text, f"{path.name} is stale: run `python -m pyturbo.codebook --write` and commit it"
+        assert path.read_text() == text, f"{path.name} is stale: run `python -m pyturbo.lab.codebook --write` and commit it"
 
 
 def test_cuda_instances_are_regenerated_identically_and_dispatched():
@@ -18,7 +18,7 @@ def test_cuda_instances_are_regenerated_identically_and_dispatched():
     turboq.cu's dispatch macro declares exactly the generator's cases."""
     import re
     for path, text in cuda_instances.generated_files().items():
-        assert path.read_text() == text, f"{path.name} is stale: run `python -m pyturbo.cuda_instances --write`"
+        assert path.read_text() == text, f"{path.name} is stale: run `python -m pyturbo.lab.cuda_instances --write`"
     patches = cuda_instances.DIR.parents[4]
     cmake = next(patches.glob("0012-cuda-*.patch")).read_text()
     assert re.search(r"foreach\(D (.*)\)", cmake).group(1).split() == [str(d) for d in cuda_instances.HEAD_SIZES]

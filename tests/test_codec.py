@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyturbo import attention, codec, reference
-from pyturbo.codebook import theoretical_vector_mse
+from pyturbo import attention, codec
+from pyturbo.lab import reference
+from pyturbo.lab.codebook import theoretical_vector_mse
 from pyturbo.types import TURBOQ_TYPES, cache_type
 from helpers import special_groups
 

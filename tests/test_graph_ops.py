@@ -11,7 +11,7 @@ import ctypes as C
 import numpy as np
 import pytest
 
-from pyturbo import reference
+from pyturbo.lab import reference
 from pyturbo.ggml import InitParams
 from pyturbo.types import TURBOQ_TYPES, cache_type
 

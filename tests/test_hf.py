@@ -11,7 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from pyturbo import codec, data, layer_adaptive, reference
+from pyturbo import codec, data, layer_adaptive
+from pyturbo.lab import reference
 from pyturbo.types import TURBOQ_TYPES, cache_type
 
 from helpers import special_groups  # tests/ is on sys.path (pytest prepend mode)
@@ -26,7 +27,7 @@ else:
 from pyturbo.hf import TurboQuantCache, TurboQuantLayer, k_gains_from_gguf, layer_cache_types, load  # noqa: E402
 from pyturbo.hf import torch_codec as tc  # noqa: E402
 from pyturbo.hf.cache import dynamic_cache_nbytes  # noqa: E402
-from pyturbo.hf.perplexity import hf_perplexity, make_cache  # noqa: E402
+from pyturbo.perplexity.hf import hf_perplexity, make_cache  # noqa: E402
 
 D = 128
 

@@ -1,4 +1,4 @@
-"""The K/V lab (pyturbo.kvlab): real Q/K/V from Gemma 3 270M, replayed with encoder variants.
+"""The K/V lab (pyturbo.lab.kvlab): real Q/K/V from Gemma 3 270M, replayed with encoder variants.
 
 The lab is how quality work is chosen here, so it is held to two things: its shipped-codec
 variant is the C codec, and on real tensors it orders configurations as end-to-end KLD does
@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyturbo import data, kvlab, reference
-from pyturbo.kvlab import Variant
+from pyturbo import data
+from pyturbo.lab import kvlab, reference
+from pyturbo.lab.kvlab import Variant
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_lab_orders_configurations_as_end_to_end_kld(chunks):
 def test_smaller_groups_use_the_codebook_of_their_dimension(bits):
     """The lab's Lloyd-Max for another group size, at 128, is the shipped codebook (to its grid);
     at 64 it is another one (a coordinate of a 64-vector spreads sqrt(2) wider)."""
-    from pyturbo.codebook import codebooks
+    from pyturbo.lab.codebook import codebooks
     c128, _ = kvlab._lloyd_max(128, bits)
     np.testing.assert_allclose(c128, codebooks()[f"turboq{bits}"], rtol=0, atol=1e-4)
     c64, _ = kvlab._lloyd_max(64, bits)

@@ -224,8 +224,8 @@ def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):
     """On a random model (no common K component, so centering does nothing) the end-to-end KLD
     of each type scales like its quantization MSE. Bound: the type's expected MSE over q4_0's,
     times q4_0's KLD from the same run, with 50% slack (measured within 10%)."""
-    from pyturbo.codebook import lloyd_max
-    from pyturbo.kvlab import q_mainline
+    from pyturbo.lab.codebook import lloyd_max
+    from pyturbo.lab.kvlab import q_mainline
 
     g = np.random.default_rng(0).standard_normal((4096, 128)).astype(np.float32)
     mse_q4_0 = float(np.mean((q_mainline(g, "q4_0") - g) ** 2) / np.mean(g ** 2))

@@ -3,7 +3,7 @@ and FMA off (the generic kernels).
 
 scripts/build_portable.sh builds tests/portable/turboq_check.c against the patched ggml twice:
 build-aarch64/ (cross-compiled, run with qemu-aarch64) and build-scalar/. Inputs are generated
-here, written to files, and the harness's results are compared with pyturbo.reference:
+here, written to files, and the harness's results are compared with pyturbo.lab.reference:
 - the codec (SET_ROWS into the cache, GET_ROWS back) bit for bit, over a few hundred 128-groups
   that include zeros, NaN/Inf rows, huge and subnormal values;
 - flash attention within the x86 tests' tolerance (1e-4 of the output scale, as in
@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyturbo import codec, reference
+from pyturbo import codec
+from pyturbo.lab import reference
 from pyturbo._paths import build_dirs
 from pyturbo.types import cache_type
 

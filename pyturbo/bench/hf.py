@@ -17,7 +17,7 @@ def hf_bench(args: argparse.Namespace) -> None:
     from .. import data
     from ..hf import load
     from ..hf.cache import dynamic_cache_nbytes
-    from ..hf.perplexity import make_cache
+    from ..perplexity.hf import make_cache
 
     torch.set_num_threads(args.threads)
     lm = load(args.model)

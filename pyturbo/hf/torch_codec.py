@@ -1,9 +1,9 @@
-"""The KV-cache codecs in torch: turboq2/3/4/8 bit for bit equal to pyturbo.reference and the C
+"""The KV-cache codecs in torch: turboq2/3/4/8 bit for bit equal to pyturbo.lab.reference and the C
 codec, q8_0 equal to ggml's reference quantizer, and the plain float types.
 
 Rows are [..., n] float tensors; a row's bytes are [..., n // block_size * block_bytes] uint8, the
 blocks of the row in order, exactly as one llama.cpp cache row holds them. Every float operation
-of the turboq path is float32 and in the C order (pyturbo/reference.py documents it): fixed
+of the turboq path is float32 and in the C order (pyturbo/lab/reference.py documents it): fixed
 halving-tree sums, Walsh-Hadamard butterflies h = 1..64, no fused multiply-add (torch's eager
 elementwise ops on the CPU never fuse).
 """
@@ -16,7 +16,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ..codebook import D, SIGN_SEED, codebooks, splitmix64, thresholds
+from ..lab.codebook import D, SIGN_SEED, codebooks, splitmix64, thresholds
 from ..types import CacheType, cache_type
 
 FLOAT_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}

@@ -1,9 +1,9 @@
-"""`pyturbo perplexity --backend hf`: the sliding-window perplexity of pyturbo.sliding_window, with
+"""`pyturbo perplexity --backend hf`: the sliding-window perplexity of pyturbo.perplexity, with
 the model in transformers and the KV cache a TurboQuantCache (f16/f32: a DynamicCache-like cache
 of that dtype through the same class, so both rows of a comparison take one code path).
 
 The windows, the BOS at the start of every window and the scored targets come from
-pyturbo.sliding_window.score_windows, as for the llama backend. A window goes through the model in chunks of n_batch tokens (llama.cpp's
+pyturbo.perplexity.score_windows, as for the llama backend. A window goes through the model in chunks of n_batch tokens (llama.cpp's
 ubatches) with the cache carrying over between chunks; the cache is new for every window.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..sliding_window import PerplexityRun, _log_softmax_at, score_windows
-from .cache import TurboQuantCache, k_gains_from_gguf
-from .models import LoadedModel, load
+from . import PerplexityRun, log_softmax_at, score_windows
+from ..hf.cache import TurboQuantCache, k_gains_from_gguf
+from ..hf.models import LoadedModel, load
 
 
 def make_cache(lm: LoadedModel, cache_type_k: str, cache_type_v: str, layer_adaptive: int = 0,
@@ -45,7 +45,7 @@ def window_nll(lm: LoadedModel, window: list[int], first: int, cache: TurboQuant
         out = lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=max(c1 - lo, 1))
         if keep:
             logits = out.logits[0, :keep].float().numpy()
-            lp = _log_softmax_at(logits, np.asarray(window[lo + 1:hi + 1]))
+            lp = log_softmax_at(logits, np.asarray(window[lo + 1:hi + 1]))
             nll -= float(lp.sum())
             n += keep
     return nll, n

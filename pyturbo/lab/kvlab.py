@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from ._paths import cache_dir
+from .._paths import cache_dir
 from . import reference as ref
 from .codebook import D, SIGN_SEED, codebooks, lloyd_max, splitmix64, thresholds
 
@@ -52,7 +52,7 @@ def lab_dir() -> Path:
 
 def dump(model: Path, text: Path, n_ctx: int = 512, chunks: int = 4, out: Path | None = None) -> Path:
     """Write {out}/chunk{i}.npz with q{il}, k{il}, v{il} as float32 [T, heads, head_dim]."""
-    from .llama import llama_cpp  # sets the library path to the patched build first
+    from ..llama import llama_cpp  # sets the library path to the patched build first
 
     out = out or lab_dir() / model.stem
     out.mkdir(parents=True, exist_ok=True)
@@ -129,7 +129,7 @@ def load(path: Path) -> list[dict[str, np.ndarray]]:
 @lru_cache(maxsize=None)
 def rotation(kind: str = "wht", seed: int | None = None, d: int = D) -> np.ndarray:
     """Orthogonal R [128,128] with y = R x: the randomized WHT (signs from splitmix64, as
-    pyturbo.codebook; seed None = the shipped signs), or RotorQuant's block rotations:
+    pyturbo.lab.codebook; seed None = the shipped signs), or RotorQuant's block rotations:
     "planar" (random 2-D Givens rotations of pairs) and "iso" (random 4-D rotations, the
     quaternion blocks)."""
     if kind == "wht":
@@ -172,7 +172,7 @@ def _nearest(y: np.ndarray, name: str, group: int = D) -> np.ndarray:
 
 
 def _lloyd_max(d: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """(centroids, thresholds) of the Lloyd-Max quantizer for groups of d values (pyturbo.codebook's)."""
+    """(centroids, thresholds) of the Lloyd-Max quantizer for groups of d values (pyturbo.lab.codebook's)."""
     lm = lloyd_max(bits, d=d)
     return lm.centroids, lm.thresholds
 
@@ -441,8 +441,8 @@ def end_to_end(names: list[str], chunks: int, threads: int = 2, seed: int | None
     """name -> (PPL, mean KLD vs f16, its error) from llama-perplexity on botchan.txt, c=512."""
     import tempfile
 
-    from . import data
-    from .tools import llama_perplexity as perplexity
+    from .. import data
+    from ..tools import llama_perplexity as perplexity
 
     model, text = data.default_model(), data.corpus()
     out = {}
@@ -464,9 +464,9 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 def main(args) -> None:
     """`pyturbo kvlab {dump,replay,validate}`: see the module docstring."""
-    from . import data
+    from .. import data
 
-    from .gguf_meta import read_metadata
+    from ..gguf_meta import read_metadata
 
     model = Path(args.model) if args.model else data.default_model()
     ctx = args.ctx

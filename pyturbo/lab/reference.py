@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .codebook import D, codebooks, rotation_signs, thresholds
-from .types import cache_type
+from ..types import cache_type
 
 INV_SQRT_D = np.float32(1.0 / np.sqrt(D))
 FP16_MAX = np.float32(65504.0)

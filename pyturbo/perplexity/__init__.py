@@ -1,7 +1,10 @@
-"""Sliding-window perplexity through llama-cpp-python's logits (`pyturbo perplexity`).
+"""`pyturbo perplexity`: sliding-window perplexity, one window scheme over two in-process backends.
 
-Not llama-perplexity (that is `pyturbo.tools.llama_perplexity`): this one runs in-process, on
-Hugging Face's sliding-window recipe.
+- `pyturbo.perplexity.llama`: llama.cpp through llama-cpp-python's logits (`--backend llama`);
+- `pyturbo.perplexity.hf`: transformers with a TurboQuantCache (`--backend hf`).
+
+Not llama-perplexity (that is `pyturbo.tools.llama_perplexity`), though `score_from` reproduces
+its chunk scheme.
 
 Windows of --max-length tokens advance by --stride; each window scores only the tokens not
 scored before (Hugging Face's recipe), with the KV cache cleared between windows, so every
@@ -13,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -28,7 +30,7 @@ class PerplexityRun:
     n_scored: int
 
 
-def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """log p(target) per row; exp in float32 (vocabularies reach 262k), sums in float64."""
     m = logits.max(axis=1, keepdims=True)
     lse = m[:, 0].astype(np.float64) + np.log(np.exp(logits - m).sum(axis=1, dtype=np.float64))
@@ -67,30 +69,3 @@ def score_windows(tokens: list[int], bos: int | None, window_nll: Callable[[list
             break
     bar.close()
     return nll_sum, n_scored
-
-
-def sliding_window_perplexity(model: str | Path, text: str, cache_type_k: str = "f16", cache_type_v: str = "f16",
-                              layer_adaptive: int = 0, max_length: int = 2048, stride: int = 512,
-                              max_tokens: int | None = None, n_threads: int | None = None,
-                              show_progress: bool = True, score_from: int = 0) -> PerplexityRun:
-    """llama.cpp through llama-cpp-python; score_from as in score_windows."""
-    from .llama import Llama
-
-    llm = Llama(str(model), cache_type_k=cache_type_k, cache_type_v=cache_type_v, layer_adaptive=layer_adaptive,
-                n_ctx=max_length, n_batch=min(max_length, 512), logits_all=True, flash_attn=True,
-                n_threads=n_threads, n_threads_batch=n_threads, verbose=False)
-    tokens = llm.tokenize(text.encode("utf-8"), add_bos=True)
-    if max_tokens:
-        tokens = tokens[:max_tokens]
-
-    def window_nll(window: list[int], first: int) -> tuple[float, int]:
-        llm.reset()
-        llm.eval(window)
-        lp = _log_softmax_at(llm.scores[first - 1:len(window) - 1], np.asarray(window[first:]))
-        return -float(lp.sum()), len(window) - first
-
-    label = f"{cache_type_k}/{cache_type_v}" + (f" LA{layer_adaptive}" if layer_adaptive else "")
-    nll_sum, n_scored = score_windows(tokens, llm.token_bos() if llm.token_bos() >= 0 else None, window_nll,
-                                      max_length, stride, score_from, label, show_progress)
-    nll = nll_sum / n_scored
-    return PerplexityRun(cache_type_k, cache_type_v, layer_adaptive, math.exp(nll), nll, n_scored)
