@@ -15,11 +15,11 @@
 #        configuration, on the zero-weight 8B-shaped model first, and one ratio table to f16.
 #
 # Environment (step 2):
-#   PYTURBO_UPSTREAM_DIR  patched llama.cpp tree (default: build/upstream/llama.cpp, else the
+#   PYTURBO_UPSTREAM_DIR  patched llama.cpp tree (default: the main build's, else the
 #                         carried build/cuda-carry/upstream.tar.gz, else upstream-wt/)
 #   MODEL                 gguf for llama-bench (default: `python3 -m pyturbo model-path`, else the
 #                         carried models in build/cuda-carry/*.gguf); all found models are benched
-#   OUT                   results folder (default: build-cuda/out)
+#   OUT                   results folder (default: $PYTURBO_CUDA_BENCH_BUILD_DIR/out)
 #   BUDGET_S              total seconds (default 570): benches that would overrun are skipped
 #   BENCH_DEPTHS          default 0,8192,32768;  BENCH_REPS default 2
 #   BENCH_CONFIGS         K/V configurations, each TYPE or K/V or K/V:MODE (MODE = TURBO_LAYER_ADAPTIVE),
@@ -30,14 +30,18 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-CARRY="$ROOT/build/cuda-carry"
+source scripts/build_dirs.sh
+CARRY_REL="$PYTURBO_BUILD_DIR/cuda-carry"  # what the run tool's carry names
+CARRY="$ROOT/$CARRY_REL"
+BDIR=$PYTURBO_CUDA_BENCH_BUILD_DIR
+MAIN_UPSTREAM=$( [ -f "$PYTURBO_BUILD_DIR/pyturbo-build.json" ] && patched_upstream || echo "$PYTURBO_BUILD_DIR/upstream/llama.cpp")
 
 # ---------------------------------------------------------------- step 1: prepare (local)
 if [ "${1:-}" = "prepare" ]; then
     set -e
     UP=${PYTURBO_UPSTREAM_DIR:-}
     if [ -z "$UP" ]; then
-        for c in build/upstream/llama.cpp upstream-wt; do
+        for c in "$MAIN_UPSTREAM" upstream-wt; do
             [ -f "$c/ggml/src/ggml-cuda/turboq.cu" ] && { UP=$c; break; }
         done
     fi
@@ -65,20 +69,19 @@ if [ "${1:-}" = "prepare" ]; then
     du -sh "$CARRY" "$CARRY"/*
     total=$(du -sm "$CARRY" | cut -f1)
     [ "$total" -lt 64 ] || echo "prepare: WARNING: $total MiB is over the 64 MiB carry limit"
-    echo "prepare: done; run on the device with carry [\"build/cuda-carry\"] and command: bench/cuda_check.sh"
+    echo "prepare: done; run on the device with carry [\"$CARRY_REL\"] and command: bench/cuda_check.sh"
     exit 0
 fi
 
 # ---------------------------------------------------------------- step 2: device
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-570}
-OUT=${OUT:-$ROOT/build-cuda/out}
+OUT=${OUT:-$ROOT/$BDIR/out}
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 FAIL=0
 JOBS=${JOBS:-$(nproc)}
-BDIR=build-cuda
 
 say()     { echo "[cuda-check] $*" | tee -a "$SUMMARY"; }
 elapsed() { echo $(( $(date +%s) - T0 )); }
@@ -90,10 +93,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 # -- the patched upstream tree
 UP=${PYTURBO_UPSTREAM_DIR:-}
 if [ -z "$UP" ]; then
-    if [ -f build/upstream/llama.cpp/ggml/src/ggml-cuda/turboq.cu ]; then
-        UP=build/upstream/llama.cpp
+    if [ -f "$MAIN_UPSTREAM/ggml/src/ggml-cuda/turboq.cu" ]; then
+        UP=$MAIN_UPSTREAM
     elif [ -f "$CARRY/upstream.tar.gz" ]; then
-        UP=build-cuda-src/llama.cpp
+        UP=$BDIR-src/llama.cpp
         if [ ! -f "$UP/ggml/src/ggml-cuda/turboq.cu" ]; then
             mkdir -p "$UP" && tar -C "$UP" -xzf "$CARRY/upstream.tar.gz"
         fi
@@ -102,7 +105,7 @@ if [ -z "$UP" ]; then
     fi
 fi
 if [ -z "$UP" ] || [ ! -f "$UP/ggml/src/ggml-cuda/turboq.cu" ]; then
-    say "FAIL: no patched upstream tree (run 'bench/cuda_check.sh prepare' here and carry build/cuda-carry)"
+    say "FAIL: no patched upstream tree (run 'bench/cuda_check.sh prepare' here and carry $CARRY_REL)"
     exit 1
 fi
 UP=$(cd "$UP" && pwd)
@@ -122,7 +125,7 @@ for d in "$cuda_root" "$cuda_root/targets/x86_64-linux" /usr/local/cuda /usr; do
 done
 if [ "$have_cublas" = 0 ]; then
     # only what is already on the machine: a wheel file, or pip's cache (no network here)
-    WD="$ROOT/build-cuda-cublas"
+    WD="$ROOT/$BDIR-cublas"
     whl=$(find "$HOME/.cache" /opt /tmp -name 'nvidia_cublas*.whl' 2>/dev/null | head -n 1 || true)
     if [ -n "$whl" ]; then
         say "cuBLAS: not in the toolkit; using the wheel $whl"

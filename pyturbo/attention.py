@@ -1,5 +1,5 @@
 """ggml's flash attention on the CPU over NumPy arrays, with K/V stored in any cache type: the
-tests and the lab compare its optimized kernels with its reference path and with NumPy.
+tests compare its optimized kernels with its reference path and with NumPy.
 """
 from __future__ import annotations
 

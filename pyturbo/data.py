@@ -166,14 +166,16 @@ def corpus_slice(n_chars: int, name: str | None = None) -> Path:
 
 
 def tiny_model(head_dim: int = 128, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
-               n_embd: int | None = None, n_vocab: int = 256, seed: int = 0) -> Path:
-    """A random llama-architecture GGUF (f32 weights, byte-level vocabulary)."""
+               n_embd: int | None = None, n_vocab: int = 256, seed: int = 0, layer_adaptive: int | None = None) -> Path:
+    """A random llama-architecture GGUF (f32 weights, byte-level vocabulary); layer_adaptive: a
+    mode stored in the GGUF (its key turboq.layer_adaptive, as a uint32)."""
     import numpy as np
     import gguf
 
     n_embd = n_embd or head_dim * n_head
     n_ff = 2 * n_embd
-    key = hashlib.sha256(repr((head_dim, n_layer, n_head, n_head_kv, n_embd, n_vocab, seed, 2)).encode()).hexdigest()[:12]
+    spec = (head_dim, n_layer, n_head, n_head_kv, n_embd, n_vocab, seed, 2) + ((layer_adaptive,) if layer_adaptive is not None else ())
+    key = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
     target = cache_dir() / f"tiny-llama-hd{head_dim}-{key}.gguf"
     if target.exists():
         return target
@@ -202,6 +204,9 @@ def tiny_model(head_dim: int = 128, n_layer: int = 2, n_head: int = 4, n_head_kv
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
+    if layer_adaptive is not None:
+        from .layer_adaptive import key as la_key
+        w.add_uint32(la_key(), layer_adaptive)
 
     def t(name: str, *shape: int, scale: float = 0.02) -> None:
         w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))

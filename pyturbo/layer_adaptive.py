@@ -74,7 +74,7 @@ def key() -> str:
 
 def kv_override(mode: int) -> dict[str, int]:
     """The mode as llama-cpp-python's kv_overrides (Llama(..., kv_overrides=...))."""
-    return {key(): check_mode(mode)}
+    return {key(): int(check_mode(mode))}  # an int: llama-cpp-python tags a bool as a bool
 
 
 def modes() -> tuple[int, ...]:

@@ -83,7 +83,7 @@ def _errors(lines: list[tuple[int, str]]) -> str:
 
 
 @contextlib.contextmanager
-def creating_context(verbose: bool = True) -> Iterator[None]:
+def creating_context(*, verbose: bool = True) -> Iterator[None]:
     """Wrap the creation of a llama_cpp.Llama (by us or by llama-cpp-python's server): a refusal
     is raised as ContextError with llama.cpp's reason. One creation at a time, because the log
     callback that catches the reason is process-wide."""
@@ -110,6 +110,8 @@ class Llama(llama_cpp.Llama):
         for key in ("type_k", "type_v"):
             if kwargs.get(key) is not None:
                 _check_type_id(kwargs[key])
+        if layer_adaptive is None and _la.key() in (kwargs.get("kv_overrides") or {}):
+            layer_adaptive = kwargs["kv_overrides"][_la.key()]  # the mode given as llama-cpp-python does
         turboq_ids = {CACHE_TYPES[n].ggml_id for n in TURBOQ_TYPES}
         policy = _la.policies().get(layer_adaptive or 0)
         la_turboq = policy is not None and any(t in TURBOQ_TYPES for t in (policy.k_boundary, policy.v_boundary, policy.v_other))
@@ -123,7 +125,7 @@ class Llama(llama_cpp.Llama):
             # a setting of the model (the GGUF key), so it reaches this model's caches only
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_la.kv_override(layer_adaptive)}
         verbose = kwargs.get("verbose", True)
-        with creating_context(verbose):
+        with creating_context(verbose=verbose):
             super().__init__(model_path, *args, **kwargs)
 
     def save_state(self) -> llama_cpp.LlamaState:

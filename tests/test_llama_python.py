@@ -137,16 +137,19 @@ def test_save_load_state_roundtrips(Llama, gemma, t):
 
 
 def test_layer_adaptive_sets_per_layer_types_and_does_not_leak(Llama, gemma, capfd):
-    import os
     llm = make(Llama, gemma, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive=7, verbose=True)
     err = capfd.readouterr().err
     assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in err
     assert "layer   5: layer-adaptive mode 7: K turboq3, V turboq2" in err
     assert "layer  17: layer-adaptive mode 7: K turboq3, V q8_0" in err
-    assert "TURBO_LAYER_ADAPTIVE" not in os.environ
     other = make(Llama, gemma, cache_type_k="turboq3", cache_type_v="turboq3", verbose=True)
     assert "layer-adaptive mode" not in capfd.readouterr().err
-    del llm, other
+    # the key given as llama-cpp-python users give it: flash attention on for mode 7's turboq2 V
+    third = make(Llama, gemma, cache_type_k="f16", cache_type_v="f16", verbose=True,
+                 kv_overrides={"turboq.layer_adaptive": 7})
+    assert third.layer_adaptive == 7
+    assert "layer   5: layer-adaptive mode 7: K f16, V turboq2" in capfd.readouterr().err
+    del llm, other, third
 
 
 def test_layer_adaptive_is_a_kv_override(Llama, gemma, capfd, monkeypatch):

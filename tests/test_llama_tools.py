@@ -183,6 +183,27 @@ def test_layer_adaptive_is_the_models_key(tiny128, short_text, monkeypatch):
     monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "7")
     r = run_tool("llama-perplexity", *args, "--layer-adaptive", "0")
     assert "layer-adaptive mode" not in r.stderr + r.stdout
+    # the environment is read before the arguments: a later --override-kv of the key still wins
+    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "1")
+    r = run_tool("llama-perplexity", *args, "--override-kv", "turboq.layer_adaptive=int:7")
+    assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in r.stderr + r.stdout
+    r = run_tool("llama-perplexity", *args, "--override-kv", "turboq.layer_adaptive=int:4294967297", check=False)
+    assert r.returncode > 0 and "turboq.layer_adaptive=4294967297" in r.stderr + r.stdout
+
+
+def test_layer_adaptive_from_the_gguf(short_text, monkeypatch):
+    """A GGUF that holds the key gets its mode; an argument (or kv override) beats it."""
+    monkeypatch.delenv("TURBO_LAYER_ADAPTIVE", raising=False)
+    keyed = data.tiny_model(head_dim=128, layer_adaptive=7)
+    args = ("-m", str(keyed), "-f", str(short_text), "-c", "128", "--chunks", "1", "-fa", "on", "-t", "2",
+            "-ctk", "turboq3", "-ctv", "turboq3", "-lv", "4")
+    r = run_tool("llama-perplexity", *args)
+    assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in r.stderr + r.stdout
+    r = run_tool("llama-perplexity", *args, "--layer-adaptive", "0")
+    assert "layer-adaptive mode" not in r.stderr + r.stdout
+    bad = data.tiny_model(head_dim=128, layer_adaptive=4)
+    r = run_tool("llama-perplexity", *args[:1], str(bad), *args[2:], check=False)
+    assert r.returncode > 0 and "turboq.layer_adaptive=4 (from the GGUF) is not a layer-adaptive mode" in r.stderr + r.stdout
 
 
 def test_llama_bench_reads_the_environment_alias(tiny128, monkeypatch):

@@ -154,6 +154,7 @@ def test_api_key_guards_everything_but_health(engine, build_info):
     (["--parallel", "0"], "--parallel 0"),
     (["--model", "/no/such.gguf"], "/no/such.gguf: no such file"),
     (["--engine", "python", "--", "-t", "2"], "llama-server flags"),
+    (["--layer-adaptive", "3", "--", "--layer-adaptive", "7"], "--layer-adaptive after '--'"),
     (["--model", str(ROOT / "README.md")], "not a readable GGUF file"),
     (["--draft-model", "/no/draft.gguf"], "--draft-model /no/draft.gguf: no such file"),
     (["-ctkd", "turboq3"], "need --draft-model"),
@@ -245,3 +246,20 @@ def test_the_gemma_fallback_renders_tools_without_escaping(build_info, host):
     # without tools, a plain chat is what it was before tools were added
     plain = fmt(messages=messages[:2]).prompt
     assert plain == "<bos><start_of_turn>user\nBe brief.\n\nWeather in Paris & <Rome>?<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_each_engine_gives_the_model_its_layer_adaptive_mode(build_info, capfd):
+    """--layer-adaptive reaches llama-server as its argument (0 too: it beats a TURBO_LAYER_ADAPTIVE
+    that the caller's environment holds) and the python engine as the model's kv override."""
+    from pyturbo import data
+    from pyturbo.server import python_engine
+    from pyturbo.server.llama_server import LaunchSpec
+    argv = LaunchSpec("m.gguf", "turboq3", "turboq4", 0, 4096, 1, "127.0.0.1", 8080, "m").argv()
+    assert argv[argv.index("--layer-adaptive") + 1] == "0"
+    settings = python_engine.TurboModelSettings(model=str(data.default_model()), n_ctx=256, type_k=61, type_v=62,
+                                                flash_attn=True, layer_adaptive=7, verbose=True)
+    llm = python_engine._load_model(settings)
+    err = capfd.readouterr().err
+    assert "layer   5: layer-adaptive mode 7: K turboq3, V turboq2" in err
+    assert settings.kv_overrides is None  # the caller's settings are not changed
+    del llm

@@ -94,6 +94,10 @@ def _check(args: argparse.Namespace) -> None:
         args.extra = args.extra[1:]
     if args.extra and args.engine != "llama-server":
         raise ValueError(f"extra flags {' '.join(args.extra)!r} are llama-server flags; the python engine takes none")
+    # these set what the memory check and the cache types already decided
+    for flag in ("--layer-adaptive", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v"):
+        if any(a == flag or a.startswith(flag + "=") for a in args.extra):
+            raise ValueError(f"{flag} after '--': give it as python -m server's own option")
 
 
 def mem_available() -> int | None:

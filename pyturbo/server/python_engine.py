@@ -39,11 +39,10 @@ _load_upstream = server_model.LlamaProxy.load_llama_from_model_settings
 def _load_model(settings: ModelSettings):
     """llama-cpp-python's loader inside pyturbo's context guard, with the layer-adaptive mode as
     the model's kv override, plus the chat template fallback."""
-    mode = getattr(settings, "layer_adaptive", 0)
-    if mode:
-        (k, v), = layer_adaptive.kv_override(mode).items()
-        settings = settings.model_copy(update={"kv_overrides": [*(settings.kv_overrides or []), f"{k}=int:{v}"]})
-    with pl.creating_context(settings.verbose):
+    # also 0, which beats a mode that the GGUF holds, as --layer-adaptive 0 does for llama-server
+    (k, v), = layer_adaptive.kv_override(getattr(settings, "layer_adaptive", 0)).items()
+    settings = settings.model_copy(update={"kv_overrides": [*(settings.kv_overrides or []), f"{k}=int:{v}"]})
+    with pl.creating_context(verbose=settings.verbose):
         llm = _load_upstream(settings)
     path = getattr(settings, "chat_template_file", None)
     if path:

@@ -35,6 +35,23 @@ inline void common_turboq_set_layer_adaptive(std::vector<llama_model_kv_override
     overrides.push_back(kvo);
 }
 
+// keeps only the last setting of the mode in an override list that is not terminated yet: the
+// environment alias is parsed before the arguments, and the model loader keeps the first of two
+// equal keys, so a later --override-kv of the key would otherwise lose to the environment
+inline void common_turboq_keep_last_layer_adaptive(std::vector<llama_model_kv_override> & overrides) {
+    const char * key = llama_turboq_layer_adaptive_key();
+    for (size_t i = overrides.size(); i-- > 0;) {
+        if (std::strcmp(overrides[i].key, key) == 0) {
+            for (size_t j = i; j-- > 0;) {
+                if (std::strcmp(overrides[j].key, key) == 0) {
+                    overrides.erase(overrides.begin() + j);
+                }
+            }
+            return;
+        }
+    }
+}
+
 // a layer-adaptive mode from text (an argument, the environment); throws std::invalid_argument,
 // naming the valid modes, when it is not one
 inline int64_t common_turboq_parse_layer_adaptive(const std::string & text) {

@@ -119,14 +119,20 @@ void llama_turboq_load_model_settings(const llama_model_loader & ml, llama_model
         from = "set by --layer-adaptive, TURBO_LAYER_ADAPTIVE or kv_overrides";
     } else if (const int64_t id = gguf_find_key(ml.metadata, key); id >= 0) {
         switch (gguf_get_kv_type(ml.metadata, id)) {
+            case GGUF_TYPE_INT8:   mode = gguf_get_val_i8 (ml.metadata, id); break;
+            case GGUF_TYPE_UINT8:  mode = gguf_get_val_u8 (ml.metadata, id); break;
+            case GGUF_TYPE_INT16:  mode = gguf_get_val_i16(ml.metadata, id); break;
+            case GGUF_TYPE_UINT16: mode = gguf_get_val_u16(ml.metadata, id); break;
             case GGUF_TYPE_INT32:  mode = gguf_get_val_i32(ml.metadata, id); break;
             case GGUF_TYPE_UINT32: mode = gguf_get_val_u32(ml.metadata, id); break;
             case GGUF_TYPE_INT64:  mode = gguf_get_val_i64(ml.metadata, id); break;
+            case GGUF_TYPE_UINT64: mode = (int64_t) std::min<uint64_t>(gguf_get_val_u64(ml.metadata, id), INT64_MAX); break;
             default: throw std::runtime_error(std::string(key) + " in the GGUF must be an integer (a layer-adaptive mode)");
         }
         from = "from the GGUF";
     }
-    if (mode != 0 && policy_of((int) mode) == nullptr) {
+    // range first: a 64-bit value must not wrap onto a valid mode
+    if (mode != 0 && (mode < 0 || mode > 255 || policy_of((int) mode) == nullptr)) {
         throw std::runtime_error(std::string(key) + "=" + std::to_string(mode) + " (" + from +
                                  ") is not a layer-adaptive mode: valid modes are " + valid_modes());
     }

@@ -12,7 +12,7 @@
 // Decoding: x = norm * D1.H.D2.c/sqrt(128), i.e. values come back in the original domain, so
 // get_rows, copies and the K-shift (RoPE of cached K) see ordinary numbers.
 //
-// pyturbo/reference.py mirrors every float operation here in NumPy, bit for bit: sums are a
+// pyturbo/lab/reference.py mirrors every float operation here in NumPy, bit for bit: sums are a
 // fixed halving tree, the butterflies run h = 1..64, and this file is built with
 // -ffp-contract=off so that no multiply-add is fused behind our back.
 //
@@ -21,7 +21,7 @@
 // ggml-impl.h does for fp16; x86 SIMD would need flags that ggml-base is not built with. The
 // NEON versions run the same IEEE operations on the same values in the same order (lane-wise
 // butterflies, the same halving tree, no fused multiply-add), so they are bit-exact with the
-// generic code and with pyturbo/reference.py; tests/test_portable_kernels.py checks it under qemu.
+// generic code and with pyturbo/lab/reference.py; tests/test_portable_kernels.py checks it under qemu.
 
 #define GGML_COMMON_DECL_C
 #include "ggml-common.h"
@@ -104,7 +104,7 @@ static float turboq_tree_sum(float * v) {
 }
 
 // The rotation signs. TURBOQ_SIGN_SEED=<n> draws others (splitmix64 from seed n, as
-// pyturbo/codebook.py does) on the CPU backend only: an experiment knob for measuring how much
+// pyturbo/lab/codebook.py does) on the CPU backend only: an experiment knob for measuring how much
 // a result depends on the particular rotation. Caches written under one seed read as noise under
 // another, and the GPU backends always use the built-in signs, so llama refuses a turboq cache on
 // another backend and state I/O while it is on (ggml_turboq_sign_seed tells it).
