@@ -1,7 +1,6 @@
 #pragma once
 
-// Layer-adaptive KV-cache precision for the TurboQuant types (pyturbo), K centering and
-// sequence state file checksums.
+// Layer-adaptive KV-cache precision for the TurboQuant types (pyturbo) and K centering.
 //
 // The layer-adaptive mode picks per-layer K/V types when a KV cache is created. It is a setting of
 // the model, the key turboq.layer_adaptive: read when the model loads, from kv_overrides (common's
@@ -135,17 +134,3 @@ void llama_turboq_write_k_mean(llama_io_write_i & io, ggml_tensor * k_mean);
 // not this cache's mu and s, or written under other rotation signs (the rows would then be read
 // against the wrong ones)
 bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32_t il);
-
-// ---- sequence state files (llama-server slot files) ----
-//
-// llama.cpp's state format carries no checksum: a flipped byte in a count can restore as
-// garbage, and a flipped byte in K/V data silently changes the cache. A sequence state file
-// written here ends with a record {"TQCK", CRC-32 of every byte before it}; a file whose record
-// does not match is refused. A file without the record (another build) is read as before.
-
-// appends the record to a file just written; false (with an error logged) on an I/O error
-bool llama_turboq_seq_file_seal(const char * path);
-
-// 1: the record is there and matches; 0: no record; -1: the record does not match (logged)
-int llama_turboq_seq_file_check(const char * path);
-
