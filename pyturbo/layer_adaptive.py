@@ -1,7 +1,8 @@
-"""Layer-adaptive modes: per-layer K/V types, read from the patched libllama's own table.
+"""Layer-adaptive modes: per-layer K/V types, from the patched libllama's own table and rule.
 
-The table is `policies[]` in llama-turboq.cpp; llama_turboq_layer_policy hands its rows out, so
-Python never keeps a copy that could drift. A mode is a setting of the model, the GGUF key
+The table is `policies[]` in llama-turboq.cpp; llama_turboq_layer_policy hands its rows out, and
+llama_turboq_boundary_from_gains applies its selection rule to K gains that Python measured
+(from a GGUF, or a transformers model), so Python keeps no copy of either that could drift. A mode is a setting of the model, the GGUF key
 `key()` ("turboq.layer_adaptive"): llama.cpp's tools set it with `--layer-adaptive N` (or its
 environment alias TURBO_LAYER_ADAPTIVE), llama-cpp-python with `kv_overrides`, and
 pyturbo.Llama with `layer_adaptive=N`.
@@ -32,15 +33,6 @@ class LayerPolicy:
             return self.k_boundary or type_k, self.v_boundary or type_v
         return type_k, self.v_other or type_v
 
-    def is_boundary(self, il: int, n_layer: int) -> bool:
-        """For the modes that pick boundary layers by position (k_gain_div == 0)."""
-        if self.k_gain_div:
-            raise ValueError(f"layer-adaptive mode {self.mode} picks its layers from the model's K weights")
-        return self.at_the_ends(il, n_layer)
-
-    def at_the_ends(self, il: int, n_layer: int) -> bool:
-        return il < self.n_first or il + self.n_last >= n_layer
-
 
 @lru_cache(maxsize=1)
 def policies() -> dict[int, LayerPolicy]:
@@ -61,6 +53,14 @@ def policies() -> dict[int, LayerPolicy]:
         out[mode] = LayerPolicy(mode, n_first, n_last, div, *(by_id[t] if t >= 0 else None for t in (k_b, v_b, v_o)))
         i += 1
     return out
+
+
+@lru_cache(maxsize=1)
+def _boundary_from_gains():
+    fn = library("llama").llama_turboq_boundary_from_gains
+    fn.restype = C.c_bool
+    fn.argtypes = [C.c_int32, C.c_int32, C.POINTER(C.c_double), C.POINTER(C.c_bool)]
+    return fn
 
 
 @lru_cache(maxsize=1)
@@ -92,27 +92,26 @@ def layer_types(mode: int, il: int, n_layer: int, type_k: str, type_v: str) -> t
     """K/V types of layer il under a positional mode (every mode but those that rank K weights)."""
     if mode == 0:
         return type_k, type_v
-    p = policies()[check_mode(mode)]
-    return p.types(p.is_boundary(il, n_layer), type_k, type_v)
+    return policies()[check_mode(mode)].types(boundary_layers(mode, n_layer)[il], type_k, type_v)
 
 
 def boundary_layers(mode: int, n_layer: int, k_gains: Sequence[float] | None = None) -> list[bool]:
-    """Which layers are the mode's boundary layers, chosen as llama.cpp does
-    (llama_turboq_boundary_layers): by position, or for the modes that rank K gain (3) the
+    """Which layers are the mode's boundary layers, by llama.cpp's own rule
+    (llama_turboq_boundary_from_gains): by position, or for the modes that rank K gain (3) the
     n_layer // k_gain_div (at least 1) largest of k_gains, ties to the lower layer, plus the
     positional ones. All False for mode 0."""
     if mode == 0:
         return [False] * n_layer
     p = policies()[check_mode(mode)]
-    positional = [p.at_the_ends(il, n_layer) for il in range(n_layer)]
-    if not p.k_gain_div:
-        return positional
-    if k_gains is None or len(k_gains) != n_layer:
+    if p.k_gain_div and (k_gains is None or len(k_gains) != n_layer):
         raise ValueError(f"layer-adaptive mode {mode} ranks layers by K gain: pass k_gains, one per layer "
                          f"({n_layer}), e.g. pyturbo.hf.k_gains_from_gguf(model.gguf)")
-    order = sorted(range(n_layer), key=lambda il: (-k_gains[il], il))
-    picked = set(order[:max(1, n_layer // p.k_gain_div)])
-    return [il in picked or positional[il] for il in range(n_layer)]
+    fn = _boundary_from_gains()
+    gains = (C.c_double * n_layer)(*k_gains) if p.k_gain_div else None
+    out = (C.c_bool * n_layer)()
+    if not fn(mode, n_layer, gains, out):
+        raise ValueError(f"libllama refused layer-adaptive mode {mode} for {n_layer} layers")
+    return list(out)
 
 
 def layer_cache_types(mode: int, n_layer: int, type_k: str, type_v: str,

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <vector>
 #include <stdexcept>
@@ -143,51 +144,85 @@ int llama_turboq_layer_adaptive_mode(const llama_model & model) {
     return t_calibrating ? 0 : model.turboq_layer_adaptive;
 }
 
-std::vector<bool> llama_turboq_boundary_layers(int mode, const llama_model & model) {
-    const uint32_t n_layer = model.hparams.n_layer();
-    std::vector<bool> boundary(n_layer, false);
+namespace {
+
+// The selection rule, the one copy (bindings reach it through llama_turboq_boundary_from_gains):
+// the mode's layers at the ends, plus for a ranking mode the n_layer/k_gain_div (at least 1)
+// candidates of largest gain, ties to the lower layer; gains[il] < 0: layer il is no candidate.
+void boundary_from_gains(const layer_policy & p, uint32_t n_layer, const double * gains, bool * out) {
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        out[il] = il < p.n_first || il + p.n_last >= n_layer;
+    }
+    if (p.k_gain_div == 0) {
+        return;
+    }
+    std::vector<std::pair<double, uint32_t>> gain;
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        if (gains[il] >= 0.0) {
+            gain.push_back({ gains[il], il });
+        }
+    }
+    std::sort(gain.begin(), gain.end(), [](const auto & a, const auto & b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    const size_t n_pick = std::max<size_t>(1, n_layer/p.k_gain_div);
+    for (size_t i = 0; i < std::min(n_pick, gain.size()); ++i) {
+        out[gain[i].second] = true;
+    }
+}
+
+} // namespace
+
+bool llama_turboq_boundary_from_gains(int32_t mode, int32_t n_layer, const double * gains, bool * out) {
+    if (n_layer < 0 || (n_layer > 0 && out == nullptr)) {
+        return false;
+    }
     const layer_policy * p = policy_of(mode);
     if (p == nullptr) {
-        return boundary;
+        std::fill(out, out + n_layer, false);
+        return mode == 0;
     }
-    for (uint32_t il = 0; il < n_layer; ++il) {
-        boundary[il] = il < p->n_first || il + p->n_last >= n_layer;
+    if (p->k_gain_div != 0 && gains == nullptr) {
+        return false;
     }
-    if (p->k_gain_div == 0) {
-        return boundary;
+    boundary_from_gains(*p, (uint32_t) n_layer, gains, out);
+    return true;
+}
+
+std::vector<bool> llama_turboq_boundary_layers(int mode, const llama_model & model) {
+    const uint32_t n_layer = model.hparams.n_layer();
+    const layer_policy * p = policy_of(mode);
+    if (p == nullptr) {
+        return std::vector<bool>(n_layer, false);
     }
     // The K gain of a layer, from its weights: the RMS of the K norm's scale on models with a
     // K norm (Gemma, Qwen3, ...), else the RMS of the K projection. The K quantization error of
     // a layer grows with it; on Gemma 3 270M the top two (layers 11 and 5) carry half of the
     // attention-output error of turboq3 K (pyturbo kvlab).
-    std::vector<std::pair<double, uint32_t>> gain;
-    for (uint32_t il = 0; il < n_layer; ++il) {
+    std::vector<double> gains(n_layer, -1.0);
+    bool any = false;
+    for (uint32_t il = 0; il < n_layer && p->k_gain_div != 0; ++il) {
         const auto & layer = model.layers[il];
         const ggml_tensor * w = layer.attn_k_norm ? layer.attn_k_norm : layer.wk;
         if (w == nullptr || !model.hparams.has_kv(il)) {
             continue;
         }
+        any = true;
         if (w->data == nullptr) {
             // a sizing pass without weights (llama_params_fit): any n_pick layers cost the same memory
-            gain.push_back({ (double) il, il });
+            gains[il] = (double) il;
             continue;
         }
-        const double g = weight_rms(w);
-        if (g < 0.0) {
+        gains[il] = weight_rms(w);
+        if (gains[il] < 0.0) {
             throw std::runtime_error("layer-adaptive mode " + std::to_string(mode) + ": cannot read the K weights of layer " +
                                      std::to_string(il) + " (type " + ggml_type_name(w->type) + ")");
         }
-        gain.push_back({ g, il });
     }
-    if (gain.empty()) {
+    if (p->k_gain_div != 0 && !any) {
         throw std::runtime_error("layer-adaptive mode " + std::to_string(mode) + ": this model has no K weights to rank its layers by");
     }
-    std::sort(gain.begin(), gain.end(), [](const auto & a, const auto & b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-    const size_t n_pick = std::max<size_t>(1, n_layer/p->k_gain_div);
-    for (size_t i = 0; i < std::min(n_pick, gain.size()); ++i) {
-        boundary[gain[i].second] = true;
-    }
-    return boundary;
+    std::unique_ptr<bool[]> out(new bool[n_layer]);
+    boundary_from_gains(*p, n_layer, gains.data(), out.get());
+    return std::vector<bool>(out.get(), out.get() + n_layer);
 }
 
 llama_turboq_layer_types llama_turboq_layer_types_for(int mode, bool boundary, ggml_type type_k, ggml_type type_v) {

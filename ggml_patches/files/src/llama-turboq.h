@@ -30,6 +30,11 @@ struct llama_turboq_layer_types {
 // v_boundary, v_other}, ggml type ids with -1 for "as requested"; false past the last row
 extern "C" bool llama_turboq_layer_policy(int32_t i, int32_t * out);
 
+// which layers are the mode's boundary layers (out: n_layer values), by llama.cpp's rule, for
+// bindings that have each layer's K gain (gains: n_layer values, < 0 for a layer without K; may be
+// NULL for a mode that does not rank by it); false for an unknown mode or missing gains
+extern "C" bool llama_turboq_boundary_from_gains(int32_t mode, int32_t n_layer, const double * gains, bool * out);
+
 // the key, for tools and bindings that set it ("turboq.layer_adaptive")
 extern "C" const char * llama_turboq_layer_adaptive_key(void);
 
