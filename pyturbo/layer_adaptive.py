@@ -88,13 +88,6 @@ def check_mode(mode: int) -> int:
     return mode
 
 
-def layer_types(mode: int, il: int, n_layer: int, type_k: str, type_v: str) -> tuple[str, str]:
-    """K/V types of layer il under a positional mode (every mode but those that rank K weights)."""
-    if mode == 0:
-        return type_k, type_v
-    return policies()[check_mode(mode)].types(boundary_layers(mode, n_layer)[il], type_k, type_v)
-
-
 def boundary_layers(mode: int, n_layer: int, k_gains: Sequence[float] | None = None) -> list[bool]:
     """Which layers are the mode's boundary layers, by llama.cpp's own rule
     (llama_turboq_boundary_from_gains): by position, or for the modes that rank K gain (3) the

@@ -135,8 +135,8 @@ def test_layer_adaptive_types_are_libllama_table(mode):
         with pytest.raises(ValueError, match="k_gains"):
             layer_cache_types(n_layer, "turboq3", "turboq4", mode)
     else:
-        assert layer_cache_types(n_layer, "turboq3", "turboq4", mode) == \
-            [layer_adaptive.layer_types(mode, il, n_layer, "turboq3", "turboq4") for il in range(n_layer)]
+        ends = [il < p.n_first or il + p.n_last >= n_layer for il in range(n_layer)]
+        assert layer_cache_types(n_layer, "turboq3", "turboq4", mode) == [p.types(b, "turboq3", "turboq4") for b in ends]
 
 
 def test_layer_adaptive_3_on_gemma_picks_llama_cpp_layers(gemma_lm):

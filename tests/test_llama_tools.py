@@ -233,11 +233,10 @@ def test_layer_adaptive_modes_on_gemma_iswa(gemma, short_text, mode, expect):
         assert f"layer {il:3d}: layer-adaptive mode {mode}: K {k}, V {v}" in r.log
     assert math.isfinite(r.ppl)
     if mode != 3:  # pyturbo.layer_adaptive reads the C table; for the positional modes it must say what the C code did
-        from pyturbo.layer_adaptive import layer_types
+        from pyturbo.layer_adaptive import layer_cache_types
         logged = dict(re.findall(rf"layer +(\d+): layer-adaptive mode {mode}: (K \w+, V \w+)", r.log))
         assert len(logged) == 18
-        for il in range(18):
-            k, v = layer_types(mode, il, 18, "turboq3", "turboq3")
+        for il, (k, v) in enumerate(layer_cache_types(mode, 18, "turboq3", "turboq3")):
             assert logged[str(il)] == f"K {k}, V {v}", il
 
 

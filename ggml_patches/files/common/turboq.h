@@ -21,15 +21,11 @@
 extern "C" const char * llama_turboq_layer_adaptive_key(void);
 extern "C" bool llama_turboq_layer_policy(int32_t i, int32_t * out);
 
-// sets the mode in an override list that is not terminated yet; a later setting replaces an
-// earlier one (the model loader keeps the first of two equal keys)
+// adds the mode to an override list that is not terminated yet (common_turboq_keep_last_layer_adaptive
+// then drops the earlier settings)
 inline void common_turboq_set_layer_adaptive(std::vector<llama_model_kv_override> & overrides, int64_t mode) {
-    const char * key = llama_turboq_layer_adaptive_key();
-    for (auto it = overrides.begin(); it != overrides.end();) {
-        it = std::strcmp(it->key, key) == 0 ? overrides.erase(it) : it + 1;
-    }
     llama_model_kv_override kvo = {};
-    std::strncpy(kvo.key, key, sizeof(kvo.key) - 1);
+    std::strncpy(kvo.key, llama_turboq_layer_adaptive_key(), sizeof(kvo.key) - 1);
     kvo.tag     = LLAMA_KV_OVERRIDE_TYPE_INT;
     kvo.val_i64 = mode;
     overrides.push_back(kvo);
