@@ -3,6 +3,7 @@
 
   python3 ggml_patches/worktree.py apply DIR    # DIR becomes a git repo: upstream, new files, one commit per patch
   python3 ggml_patches/worktree.py export DIR   # commits after the new-files commit -> ggml_patches/*.patch + series
+  python3 ggml_patches/worktree.py prefixes DIR BUILD   # build every prefix of the series (DIR from `apply`)
 
 The new files (ggml_patches/files/) are committed as one commit tagged `pyturbo-files`, right on
 top of the pristine upstream (tagged `pyturbo-upstream`); the patches are the commits after it.
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import prepare  # beside this script, so on sys.path when it runs
@@ -76,12 +78,60 @@ def cmd_export(tree: Path) -> None:
     print(f"worktree: exported {len(names)} patches and {len(files)} new files to {HERE}")
 
 
+def cmd_prefixes(tree: Path, build: Path, first: int, last: int | None, targets: list[str], jobs: int) -> int:
+    """Checks out each prefix of the series in `tree` (upstream + the final new files + patches
+    1..k) and builds it in `build`, one after the other, so that each step recompiles what patch k
+    changed (and ccache serves what an earlier build saw). The tree returns to where it was."""
+    if git(tree, "status", "--porcelain", "--untracked-files=no", capture=True).strip():
+        sys.exit(f"worktree: {tree} has uncommitted changes")
+    head = git(tree, "rev-parse", "--abbrev-ref", "HEAD", capture=True).strip()
+    if head == "HEAD":
+        head = git(tree, "rev-parse", "HEAD", capture=True).strip()
+    commits = git(tree, "rev-list", "--reverse", "pyturbo-files..HEAD", capture=True).split()
+    last = len(commits) if last is None else last
+    if not (1 <= first <= last <= len(commits)):
+        sys.exit(f"worktree: prefixes {first}..{last} are not within 1..{len(commits)}")
+    if not (build / "CMakeCache.txt").exists():
+        subprocess.run(["cmake", "-S", str(HERE.parent), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                        f"-DPYTURBO_UPSTREAM_DIR={tree}"], check=True, stdout=subprocess.DEVNULL)
+    failed = []
+    try:
+        for k in range(first, last + 1):
+            git(tree, "checkout", "-q", commits[k - 1])
+            subject = git(tree, "log", "-1", "--format=%s", capture=True).strip()
+            t0 = time.monotonic()
+            log = build / f"prefix-{k:02d}.log"
+            with log.open("w") as out:
+                rc = subprocess.run(["cmake", "--build", str(build), f"-j{jobs}", "--target", *targets],
+                                    stdout=out, stderr=subprocess.STDOUT).returncode
+            print(f"{k:2d} {'ok    ' if rc == 0 else 'FAILED'} {time.monotonic() - t0:6.0f} s  {subject}"
+                  + ("" if rc == 0 else f"  (log: {log})"), flush=True)
+            if rc != 0:
+                failed.append(k)
+    finally:
+        git(tree, "checkout", "-q", head)
+    print(f"worktree: prefixes {first}..{last}: " + (f"{len(failed)} failed: {failed}" if failed else "all built"))
+    if last < len(commits) or failed:
+        print(f"worktree: {build} holds prefix {last}'s build; build it again before using it")
+    return 1 if failed else 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["apply", "export"])
+    ap.add_argument("command", choices=["apply", "export", "prefixes"])
     ap.add_argument("tree", type=Path)
+    ap.add_argument("build", type=Path, nargs="?", help="prefixes: the build directory (configured when absent)")
+    ap.add_argument("--first", type=int, default=1, help="prefixes: the first prefix to build (patches 1..first)")
+    ap.add_argument("--last", type=int, help="prefixes: the last one (default: the whole series)")
+    ap.add_argument("--target", action="append", help="prefixes: build targets (default: pyturbo)")
+    ap.add_argument("-j", "--jobs", type=int, default=2)
     args = ap.parse_args()
-    (cmd_apply if args.command == "apply" else cmd_export)(args.tree.resolve())
+    tree = args.tree.resolve()
+    if args.command == "prefixes":
+        if args.build is None:
+            ap.error("prefixes needs a build directory")
+        sys.exit(cmd_prefixes(tree, args.build.resolve(), args.first, args.last, args.target or ["pyturbo"], args.jobs))
+    (cmd_apply if args.command == "apply" else cmd_export)(tree)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def causal_mask(n_q: int, n_kv: int, hidden_prefix: int, hidden_row: int | None)
     return m
 
 
-# ---- saved state: the turboq K records (llama-turboq.cpp) ----
+# ---- saved state: the turboq K records (llama-turboq-center.cpp) ----
 
 K_RECORD = b"TQKS"           # per turboq-K layer: magic, n (uint32), n floats: the mean, then the channel scale
 K_RECORDS_EARLIER = (b"TQKC", b"TQKM")  # earlier builds' records: a mean only

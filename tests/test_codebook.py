@@ -14,13 +14,13 @@ def test_header_is_regenerated_identically():
 
 
 def test_cuda_instances_are_regenerated_identically_and_dispatched():
-    """The instance files are the generator's; the CMake loop (patch 0012) builds exactly them and
+    """The instance files are the generator's; the CMake loop (the cuda patch, 20) builds exactly them and
     turboq.cu's dispatch macro declares exactly the generator's cases."""
     import re
     for path, text in cuda_instances.generated_files().items():
         assert path.read_text() == text, f"{path.name} is stale: run `python -m pyturbo.lab.cuda_instances --write`"
     patches = cuda_instances.DIR.parents[4]
-    cmake = next(patches.glob("0012-cuda-*.patch")).read_text()
+    cmake = next(patches.glob("*-cuda-turboq*.patch")).read_text()
     assert re.search(r"foreach\(D (.*)\)", cmake).group(1).split() == [str(d) for d in cuda_instances.HEAD_SIZES]
     assert re.search(r"foreach\(K (.*)\)", cmake).group(1).split() == list(cuda_instances.K_TYPES)
     cu = (cuda_instances.DIR.parent / "turboq.cu").read_text()

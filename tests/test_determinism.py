@@ -1,6 +1,6 @@
 """Same input, same output: a request's answer does not depend on other requests.
 
-A turboq K cache is centered on the model's calibrated K mean (llama-turboq.h), which no request
+A turboq K cache is centered on the model's calibrated K mean (llama-turboq-center.h), which no request
 can change. Before, the mean came from whichever ubatch first reached the empty cache, so the
 main job's server gave 5 distinct greedy answers to 6 identical requests. Each case here is run
 with an f16 cache too: where f16 gives one answer (or bit-identical logits), so must turboq.

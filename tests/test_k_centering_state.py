@@ -1,4 +1,4 @@
-"""K centering and saved state: a turboq K cache stores k - mu (llama-turboq.h), mu being the
+"""K centering and saved state: a turboq K cache stores k - mu (llama-turboq-center.h), mu being the
 model's calibrated K mean, so a saved sequence carries mu and is restored only into a cache with
 the same mean: bit for bit, into an empty cache or beside other sequences. A state without the
 mean, with a corrupt one, with another one, or from the build whose mean came from the first

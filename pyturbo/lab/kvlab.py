@@ -320,7 +320,7 @@ def tq(v: Variant, center: bool = True, protect: int = 0, scales: dict[int, np.n
 
 
 def channel_scales(chunks: list[dict[str, np.ndarray]], neox: bool = True) -> dict[int, np.ndarray]:
-    """The K channel scale of llama-turboq.cpp (channel_scale) per layer, [KV heads, head_dim], from
+    """The K channel scale of llama-turboq-center.cpp (channel_scale) per layer, [KV heads, head_dim], from
     the chunks' post-RoPE Q and K: s = (E[q^2]/E[(k - mu)^2])^(1/4) over each RoPE pair (NEOX pairs
     (c, c + D/2) as in Gemma, else (2c, 2c+1)), floors of 1e-3 of the head's mean energy, clipped to
     [1e-3, 1e3], geometric mean 1 per head."""

@@ -2,7 +2,8 @@
 
 // TurboQuant KV-cache codec (pyturbo): 128-value groups, randomized Walsh-Hadamard rotation,
 // fixed Lloyd-Max codebooks (turboq2/3/4) or a uniform 256-level grid (turboq8).
-// Block layouts are in ggml-common.h; the algorithm and its exact float order in ggml-turboq.c.
+// Block layouts are in ggml-common.h; the algorithm and its exact float order in ggml-turboq.c
+// and ggml-turboq-encode.h.
 
 #include "ggml.h"
 
@@ -33,6 +34,9 @@ GGML_API void ggml_turboq_unrotate(float * x, int64_t n);
 
 // The TURBOQ_SIGN_SEED debug switch in effect (other rotation signs, CPU backend only), or NULL.
 GGML_API const char * ggml_turboq_sign_seed(void);
+
+// The rotation's signs D1 (s1) and D2 (s2), 128 values each: the built-in ones, or TURBOQ_SIGN_SEED's.
+GGML_API void ggml_turboq_signs(const float ** s1, const float ** s2);
 
 // Rotated-domain decode of one block: out[i] = centroid[idx_i] (unscaled); returns the block norm.
 GGML_API float ggml_turboq_decode_rotated(enum ggml_type type, const void * GGML_RESTRICT block, float * GGML_RESTRICT out);

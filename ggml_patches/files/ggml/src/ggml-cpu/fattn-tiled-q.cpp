@@ -185,7 +185,7 @@ void run_tile(const attn & a, int64_t g, int64_t r0, int64_t r1, int64_t c0, int
             Kd[d] = pq[d]*a.scale;
         }
         if (a.k_rot) {
-            ggml_turboq_rotate(Kd, DK);
+            ggml_turboq_cpu_rotate(Kd, DK);
         }
         if (by_dot) {
             memcpy(Qt + t*DK, Kd, DK*sizeof(float));

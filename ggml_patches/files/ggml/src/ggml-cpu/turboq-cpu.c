@@ -12,15 +12,7 @@
 
 #include <string.h>
 
-// Architecture code: arch/<arch>/turboq-kernels.h defines the primitives it accelerates, each
-// with a TURBOQ_ARCH_<PRIMITIVE> macro, and the generic versions below fill in the rest. A new
-// architecture adds one such header and one line here. -DGGML_TURBOQ_GENERIC builds the generic
-// versions only (for measuring what an arch file gains).
-#if !defined(GGML_TURBOQ_GENERIC) && defined(__AVX2__) && defined(__FMA__)
-#include "arch/x86/turboq-kernels.h"
-#elif !defined(GGML_TURBOQ_GENERIC) && defined(__ARM_NEON) && defined(__aarch64__)
-#include "arch/arm/turboq-kernels.h"
-#endif
+#include "turboq-kernels.h"
 
 // ---- generic primitives ----
 
@@ -61,12 +53,7 @@ static inline void turboq_scale128(float * GGML_RESTRICT x, float w) {
 }
 #endif
 
-// ---- flash attention (rotated domain) ----
-
-void ggml_turboq_fa_rotate_q(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t n) {
-    memcpy(y, x, n*sizeof(float));
-    ggml_turboq_rotate((float *) y, n);
-}
+// ---- flash attention (rotated domain; Q is rotated by turboq-quants.c) ----
 
 #define TURBOQ_DEFINE_FA_KERNELS(N)                                                                             \
     static void turboq##N##_fa_kq_dot(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, \

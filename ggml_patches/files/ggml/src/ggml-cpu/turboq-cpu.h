@@ -14,6 +14,16 @@
 extern "C" {
 #endif
 
+// type_traits_cpu: the quantizer (from_float; turboq-quants.c), the same bytes as ggml-base's
+// quantize_row_turboq*_0_ref
+void quantize_row_turboq2_0(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+void quantize_row_turboq3_0(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+void quantize_row_turboq4_0(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+void quantize_row_turboq8_0(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+
+// the rotation y = D2.H.D1.x/sqrt(128) of each 128-group of x[0..n), in place (ggml_turboq_rotate's)
+void ggml_turboq_cpu_rotate(float * x, int64_t n);
+
 // type_traits_cpu: dot products in the original domain (mul_mat with a turboq src0, F32 src1)
 void ggml_vec_dot_turboq2_0_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
 void ggml_vec_dot_turboq3_0_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);

@@ -1,7 +1,8 @@
 #pragma once
 
 // x86 kernels for the turboq CPU paths (AVX2 + FMA; AVX-512F for whole-row decoding), included by
-// ggml-cpu/turboq-cpu.c, which has the generic versions and the contract of each primitive.
+// ggml-cpu/turboq-cpu.c (through turboq-kernels.h), which has the generic versions and the contract
+// of each primitive. The quantizer takes the generic steps of ggml-turboq-encode.h.
 
 #include <immintrin.h>
 
@@ -13,7 +14,7 @@ static inline __m256i turboq_bytes8(const uint8_t * p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) p));
 }
 
-static float turboq2_decode(const void * vb, float * GGML_RESTRICT out) {
+static inline float turboq2_decode(const void * vb, float * GGML_RESTRICT out) {
     const block_turboq2_0 * b = (const block_turboq2_0 *) vb;
     const __m256 lut = _mm256_setr_ps(turboq2_centroids[0], turboq2_centroids[1], turboq2_centroids[2], turboq2_centroids[3],
                                       turboq2_centroids[0], turboq2_centroids[1], turboq2_centroids[2], turboq2_centroids[3]);
@@ -28,7 +29,7 @@ static float turboq2_decode(const void * vb, float * GGML_RESTRICT out) {
     return GGML_CPU_FP16_TO_FP32(b->norm);
 }
 
-static float turboq3_decode(const void * vb, float * GGML_RESTRICT out) {
+static inline float turboq3_decode(const void * vb, float * GGML_RESTRICT out) {
     const block_turboq3_0 * b = (const block_turboq3_0 *) vb;
     const __m256 lut = _mm256_loadu_ps(turboq3_centroids);
     const __m256i three = _mm256_set1_epi32(3);
@@ -49,7 +50,7 @@ static float turboq3_decode(const void * vb, float * GGML_RESTRICT out) {
     return GGML_CPU_FP16_TO_FP32(b->norm);
 }
 
-static float turboq4_decode(const void * vb, float * GGML_RESTRICT out) {
+static inline float turboq4_decode(const void * vb, float * GGML_RESTRICT out) {
     const block_turboq4_0 * b = (const block_turboq4_0 *) vb;
     const __m256 lut_lo = _mm256_loadu_ps(turboq4_centroids);
     const __m256 lut_hi = _mm256_loadu_ps(turboq4_centroids + 8);
@@ -68,7 +69,7 @@ static float turboq4_decode(const void * vb, float * GGML_RESTRICT out) {
     return GGML_CPU_FP16_TO_FP32(b->norm);
 }
 
-static float turboq8_decode(const void * vb, float * GGML_RESTRICT out) {
+static inline float turboq8_decode(const void * vb, float * GGML_RESTRICT out) {
     const block_turboq8_0 * b = (const block_turboq8_0 *) vb;
     const __m256 step = _mm256_set1_ps(1.0f/127.5f);
     const __m256 one  = _mm256_set1_ps(1.0f);
@@ -110,7 +111,7 @@ static inline __m512i turboq_bytes16(const uint8_t * p) {
 
 // The tables are repeated to 16 entries, so that permutexvar (which reads the low 4 bits of each
 // index) ignores the bits above an index; that saves the masking of the shifted bytes.
-static void turboq2_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+static inline void turboq2_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
     const block_turboq2_0 * x = (const block_turboq2_0 *) vx;
     const __m512 lut4 = _mm512_broadcast_f32x4(_mm_loadu_ps(turboq2_centroids));
     for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib, y += TURBOQ_GROUP) {
@@ -123,7 +124,7 @@ static void turboq2_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTR
     }
 }
 
-static void turboq3_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+static inline void turboq3_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
     const block_turboq3_0 * x = (const block_turboq3_0 *) vx;
     const __m512  lut8  = _mm512_zextps256_ps512(_mm256_loadu_ps(turboq3_centroids));
     const __m512  lut16 = _mm512_shuffle_f32x4(lut8, lut8, 0x44);
@@ -143,7 +144,7 @@ static void turboq3_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTR
     }
 }
 
-static void turboq4_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+static inline void turboq4_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
     const block_turboq4_0 * x = (const block_turboq4_0 *) vx;
     for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib, y += TURBOQ_GROUP) {
         const __m512 lut = _mm512_mul_ps(_mm512_loadu_ps(turboq4_centroids), _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
@@ -156,7 +157,7 @@ static void turboq4_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTR
     }
 }
 
-static void turboq8_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+static inline void turboq8_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
     const block_turboq8_0 * x = (const block_turboq8_0 *) vx;
     for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib, y += TURBOQ_GROUP) {
         // norm * (q/127.5 - 1)

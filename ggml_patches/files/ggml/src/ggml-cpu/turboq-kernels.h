@@ -1,0 +1,14 @@
+#pragma once
+
+// Which architecture's turboq kernels a CPU build takes: arch/<arch>/turboq-kernels.h defines the
+// primitives it accelerates, each with a TURBOQ_ARCH_<PRIMITIVE> macro, and the generic versions
+// (in turboq-cpu.c for flash attention, in ../ggml-turboq-encode.h for the quantizer) fill in the
+// rest. A new architecture adds one such header and one line here. -DGGML_TURBOQ_GENERIC builds the
+// generic versions only (for measuring what an arch file gains). Included by turboq-cpu.c and
+// turboq-quants.c after ggml-common.h, ggml-turboq-tables.h and simd-mappings.h.
+
+#if !defined(GGML_TURBOQ_GENERIC) && defined(__AVX2__) && defined(__FMA__)
+#include "arch/x86/turboq-kernels.h"
+#elif !defined(GGML_TURBOQ_GENERIC) && defined(__ARM_NEON) && defined(__aarch64__)
+#include "arch/arm/turboq-kernels.h"
+#endif

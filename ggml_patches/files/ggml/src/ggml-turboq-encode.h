@@ -1,0 +1,226 @@
+#pragma once
+
+// The turboq encoder (pyturbo), one copy for two users: ggml-base's reference quantizer
+// (ggml-turboq.c, the generic steps below) and ggml-cpu's (ggml-cpu/turboq-quants.c), which plugs in
+// its architecture's versions of the element-wise steps (ggml-cpu/arch/<arch>/turboq-kernels.h).
+// A step's SIMD version runs the same IEEE operations on the same values in the same order as its
+// generic one, so both quantizers write the same bytes, which pyturbo/lab/reference.py reproduces.
+// Every file that includes this one is built with -ffp-contract=off: no multiply-add may be fused.
+//
+// The includer defines GGML_COMMON_DECL_* and includes ggml-common.h first.
+
+#include "ggml-turboq.h"
+#include "ggml-turboq-tables.h"
+#include "ggml-impl.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define TURBOQ_FP16_MAX 65504.0f
+
+// The element-wise steps of encoding one 128-value group (see ggml-turboq.c for the algorithm).
+struct turboq_encode_steps {
+    float (*absmax)(const float * x);                           // max |x_i|, non-finite when some x_i is
+    void  (*div_square)(const float * x, float d, float * y, float * t); // y_i = x_i/d, t_i = y_i*y_i
+    float (*tree_sum)(float * v);                               // the halving-tree sum; destroys v
+    void  (*fwht)(float * x);                                   // Walsh-Hadamard butterflies, h = 1..64
+    void  (*scale_signs)(float * x, const float * k, const float * s); // x_i = (x_i*k)*s_i, or x_i*s_i (k NULL)
+    void  (*index_thresholds)(const float * thr, int n_thr, const float * y, uint8_t * idx); // thresholds below y_i
+    void  (*index_grid)(const float * y, uint8_t * idx);        // turboq8's uniform grid
+    void  (*lookup)(const float * tab, int n_tab, const uint8_t * idx, float * out); // out_i = tab[idx_i]
+    void  (*pack[4])(const uint8_t * idx, void * blk);          // turboq2, 3, 4, 8: indices into the block
+};
+
+// ---- generic steps ----
+
+static inline float turboq_generic_absmax(const float * x) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (int i = 0; i < TURBOQ_GROUP; ++i) {
+        finite &= isfinite(x[i]) ? 1 : 0;
+        amax = fmaxf(amax, fabsf(x[i]));
+    }
+    return finite ? amax : INFINITY;
+}
+
+static inline void turboq_generic_div_square(const float * x, float d, float * y, float * t) {
+    for (int i = 0; i < TURBOQ_GROUP; ++i) y[i] = x[i] / d;
+    for (int i = 0; i < TURBOQ_GROUP; ++i) t[i] = y[i] * y[i];
+}
+
+static inline float turboq_generic_tree_sum(float * v) {
+    for (int h = TURBOQ_GROUP/2; h > 0; h >>= 1) {
+        for (int i = 0; i < h; ++i) {
+            v[i] = v[i] + v[i + h];
+        }
+    }
+    return v[0];
+}
+
+static inline void turboq_generic_fwht(float * x) {
+    for (int h = 1; h < TURBOQ_GROUP; h <<= 1) {
+        for (int i = 0; i < TURBOQ_GROUP; i += 2*h) {
+            for (int j = i; j < i + h; ++j) {
+                const float a = x[j];
+                const float b = x[j + h];
+                x[j]     = a + b;
+                x[j + h] = a - b;
+            }
+        }
+    }
+}
+
+static inline void turboq_generic_scale_signs(float * x, const float * k, const float * s) {
+    if (k) {
+        for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] = (x[i] * *k) * s[i];
+    } else {
+        for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] = x[i] * s[i];
+    }
+}
+
+static inline void turboq_generic_index_thresholds(const float * thr, int n_thr, const float * y, uint8_t * idx) {
+    for (int i = 0; i < TURBOQ_GROUP; ++i) {
+        int q = 0;
+        for (int k = 0; k < n_thr; ++k) q += thr[k] < y[i];
+        idx[i] = (uint8_t) q;
+    }
+}
+
+// idx_i = floor(y_i * 127.5/max|y| + 128), clamped to 0..255
+static inline void turboq_generic_index_grid(const float * y, uint8_t * idx) {
+    float ya = 0.0f;
+    for (int i = 0; i < TURBOQ_GROUP; ++i) ya = fmaxf(ya, fabsf(y[i]));
+    const float s = 127.5f / ya;
+    for (int i = 0; i < TURBOQ_GROUP; ++i) {
+        const float q = floorf(y[i] * s + 128.0f);
+        idx[i] = (uint8_t) (q < 0.0f ? 0 : q > 255.0f ? 255 : (int) q);
+    }
+}
+
+static inline void turboq_generic_lookup(const float * tab, int n_tab, const uint8_t * idx, float * out) {
+    (void) n_tab;
+    for (int i = 0; i < TURBOQ_GROUP; ++i) out[i] = tab[idx[i]];
+}
+
+// the layouts (ggml-common.h): 2-bit fields qs[i] = idx[i] | idx[i+32] << 2 | idx[i+64] << 4 | idx[i+96] << 6
+static inline void turboq_generic_pack2(const uint8_t * idx, void * blk) {
+    block_turboq2_0 * b = (block_turboq2_0 *) blk;
+    for (int i = 0; i < 32; ++i) {
+        b->qs[i] = (uint8_t) ((idx[i] & 3) | (idx[i + 32] & 3) << 2 | (idx[i + 64] & 3) << 4 | (idx[i + 96] & 3) << 6);
+    }
+}
+
+// the low two bits as turboq2's, and qh[i] bit k = bit 2 of idx[i + 16k]
+static inline void turboq_generic_pack3(const uint8_t * idx, void * blk) {
+    block_turboq3_0 * b = (block_turboq3_0 *) blk;
+    for (int i = 0; i < 32; ++i) {
+        b->qs[i] = (uint8_t) ((idx[i] & 3) | (idx[i + 32] & 3) << 2 | (idx[i + 64] & 3) << 4 | (idx[i + 96] & 3) << 6);
+    }
+    for (int i = 0; i < 16; ++i) {
+        uint8_t h = 0;
+        for (int k = 0; k < 8; ++k) h |= ((idx[i + 16*k] >> 2) & 1) << k;
+        b->qh[i] = h;
+    }
+}
+
+static inline void turboq_generic_pack4(const uint8_t * idx, void * blk) {
+    block_turboq4_0 * b = (block_turboq4_0 *) blk;
+    for (int i = 0; i < 64; ++i) b->qs[i] = (uint8_t) ((idx[i] & 15) | (idx[i + 64] & 15) << 4);
+}
+
+static inline void turboq_generic_pack8(const uint8_t * idx, void * blk) {
+    memcpy(((block_turboq8_0 *) blk)->qs, idx, TURBOQ_GROUP);
+}
+
+static const struct turboq_encode_steps turboq_generic_steps = {
+    turboq_generic_absmax, turboq_generic_div_square, turboq_generic_tree_sum, turboq_generic_fwht,
+    turboq_generic_scale_signs, turboq_generic_index_thresholds, turboq_generic_index_grid, turboq_generic_lookup,
+    { turboq_generic_pack2, turboq_generic_pack3, turboq_generic_pack4, turboq_generic_pack8 },
+};
+
+// ---- the codebooks ----
+
+// One row per type. thresholds == NULL selects the uniform absmax grid.
+struct turboq_codebook {
+    size_t        block_bytes;
+    const float * centroids;
+    const float * thresholds;
+    int           n_thresholds;
+};
+
+static const struct turboq_codebook turboq_codebooks[] = {
+    [GGML_TYPE_TURBOQ2_0 - GGML_TYPE_TURBOQ2_0] = { sizeof(block_turboq2_0), turboq2_centroids, turboq2_thresholds, 3  },
+    [GGML_TYPE_TURBOQ3_0 - GGML_TYPE_TURBOQ2_0] = { sizeof(block_turboq3_0), turboq3_centroids, turboq3_thresholds, 7  },
+    [GGML_TYPE_TURBOQ4_0 - GGML_TYPE_TURBOQ2_0] = { sizeof(block_turboq4_0), turboq4_centroids, turboq4_thresholds, 15 },
+    [GGML_TYPE_TURBOQ8_0 - GGML_TYPE_TURBOQ2_0] = { sizeof(block_turboq8_0), turboq8_centroids, NULL,               0  },
+};
+
+static inline const struct turboq_codebook * turboq_codebook_of(enum ggml_type type) {
+    GGML_ASSERT(ggml_is_turboq(type));
+    return &turboq_codebooks[type - GGML_TYPE_TURBOQ2_0];
+}
+
+static inline int turboq_codebook_levels(const struct turboq_codebook * cb) {
+    return cb->thresholds ? cb->n_thresholds + 1 : 256;
+}
+
+// ---- the algorithm ----
+
+// y = D2.H.D1.x/sqrt(128)
+static inline void turboq_rotate_group_with(const struct turboq_encode_steps * st, float * x,
+                                            const float * s1, const float * s2) {
+    const float k = TURBOQ_INV_SQRT_GROUP;
+    st->scale_signs(x, NULL, s1);
+    st->fwht(x);
+    st->scale_signs(x, &k, s2);
+}
+
+// Returns the corrected norm and fills idx; see the header comment of ggml-turboq.c for the steps.
+static inline float turboq_encode_group_with(const struct turboq_encode_steps * st, const struct turboq_codebook * cb,
+                                             const float * x, uint8_t * idx, const float * s1, const float * s2) {
+    const float amax = st->absmax(x);
+    if (!isfinite(amax) || amax == 0.0f) {
+        memset(idx, 0, TURBOQ_GROUP);
+        return 0.0f;
+    }
+
+    float v[TURBOQ_GROUP];
+    float t[TURBOQ_GROUP];
+    st->div_square(x, amax, v, t);
+    const float r = sqrtf(st->tree_sum(t));
+    st->div_square(v, r, v, t); // t is not used
+
+    turboq_rotate_group_with(st, v, s1, s2);
+
+    if (cb->thresholds) {
+        st->index_thresholds(cb->thresholds, cb->n_thresholds, v, idx);
+    } else {
+        st->index_grid(v, idx);
+    }
+
+    st->lookup(cb->centroids, turboq_codebook_levels(cb), idx, t);
+    for (int i = 0; i < TURBOQ_GROUP; ++i) t[i] = t[i] * t[i];
+    const float cn = sqrtf(st->tree_sum(t));
+    const float norm = (amax * r) / cn;
+    return fminf(norm, TURBOQ_FP16_MAX);
+}
+
+static inline void turboq_quantize_row_with(const struct turboq_encode_steps * st, enum ggml_type type,
+                                            const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k) {
+    const struct turboq_codebook * cb = turboq_codebook_of(type);
+    void (*const pack)(const uint8_t *, void *) = st->pack[type - GGML_TYPE_TURBOQ2_0];
+    const float * s1;
+    const float * s2;
+    ggml_turboq_signs(&s1, &s2);
+    assert(k % TURBOQ_GROUP == 0);
+    uint8_t idx[TURBOQ_GROUP];
+    for (int64_t ib = 0; ib < k / TURBOQ_GROUP; ++ib) {
+        char * blk = (char *) y + ib * cb->block_bytes;
+        const float norm = turboq_encode_group_with(st, cb, x + ib * TURBOQ_GROUP, idx, s1, s2);
+        memset(blk, 0, cb->block_bytes);
+        const ggml_half h = GGML_FP32_TO_FP16(norm);
+        memcpy(blk, &h, sizeof(h)); // every layout starts with its fp16 norm
+        pack(idx, blk);
+    }
+}
