@@ -320,8 +320,8 @@ def test_the_default_model_comes_out_of_its_wheels_without_installing_them(tmp_p
 
 def test_patch_series_tells_two_stories():
     """ggml_patches/README.md says which patches are upstream-generic (1..n): none of them names
-    a turboq type, file or setting, every patch after them does, and the README describes each
-    patch of `series` once, in order."""
+    a turboq type, file or setting, every patch after them does, and the README's list of the
+    series has one numbered item per patch."""
     patches = ROOT / "ggml_patches"
     readme = (patches / "README.md").read_text()
     n_generic = int(re.search(r"Patches 1–(\d+) are upstream-generic", readme).group(1))

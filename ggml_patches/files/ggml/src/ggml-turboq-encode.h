@@ -1,8 +1,9 @@
 #pragma once
 
-// The turboq encoder (pyturbo), one copy for two users: ggml-base's reference quantizer
-// (ggml-turboq.c, the generic steps below) and ggml-cpu's (ggml-cpu/turboq-quants.c), which plugs in
-// its architecture's versions of the element-wise steps (ggml-cpu/arch/<arch>/turboq-kernels.h).
+// The turboq encoder and rotations (pyturbo), one copy for two users: ggml-base's reference codec
+// (ggml-turboq.c, the generic steps below) and ggml-cpu's quantizer and flash-attention rotations
+// (ggml-cpu/turboq-quants.c), which plug in the architecture's versions of the element-wise steps
+// (ggml-cpu/arch/<arch>/turboq-kernels.h).
 // A step's SIMD version runs the same IEEE operations on the same values in the same order as its
 // generic one, so both quantizers write the same bytes, which pyturbo/lab/reference.py reproduces.
 // Every file that includes this one is built with -ffp-contract=off: no multiply-add may be fused.
@@ -14,8 +15,17 @@
 #include "ggml-impl.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+// No fused multiply-add, whatever the build flags (GCC takes -ffp-contract=off from CMake and
+// ignores this pragma; clang and MSVC honour theirs)
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(_MSC_VER)
+#pragma fp_contract(off)
+#endif
 
 #define TURBOQ_FP16_MAX 65504.0f
 
@@ -111,12 +121,11 @@ static inline void turboq_generic_pack2(const uint8_t * idx, void * blk) {
     }
 }
 
-// the low two bits as turboq2's, and qh[i] bit k = bit 2 of idx[i + 16k]
+// the low two bits as turboq2's (qs leads both layouts), and qh[i] bit k = bit 2 of idx[i + 16k]
 static inline void turboq_generic_pack3(const uint8_t * idx, void * blk) {
     block_turboq3_0 * b = (block_turboq3_0 *) blk;
-    for (int i = 0; i < 32; ++i) {
-        b->qs[i] = (uint8_t) ((idx[i] & 3) | (idx[i + 32] & 3) << 2 | (idx[i + 64] & 3) << 4 | (idx[i + 96] & 3) << 6);
-    }
+    static_assert(offsetof(block_turboq3_0, qs) == offsetof(block_turboq2_0, qs), "turboq3 extends turboq2's layout");
+    turboq_generic_pack2(idx, blk);
     for (int i = 0; i < 16; ++i) {
         uint8_t h = 0;
         for (int k = 0; k < 8; ++k) h |= ((idx[i + 16*k] >> 2) & 1) << k;
@@ -134,9 +143,15 @@ static inline void turboq_generic_pack8(const uint8_t * idx, void * blk) {
 }
 
 static const struct turboq_encode_steps turboq_generic_steps = {
-    turboq_generic_absmax, turboq_generic_div_square, turboq_generic_tree_sum, turboq_generic_fwht,
-    turboq_generic_scale_signs, turboq_generic_index_thresholds, turboq_generic_index_grid, turboq_generic_lookup,
-    { turboq_generic_pack2, turboq_generic_pack3, turboq_generic_pack4, turboq_generic_pack8 },
+    .absmax           = turboq_generic_absmax,
+    .div_square       = turboq_generic_div_square,
+    .tree_sum         = turboq_generic_tree_sum,
+    .fwht             = turboq_generic_fwht,
+    .scale_signs      = turboq_generic_scale_signs,
+    .index_thresholds = turboq_generic_index_thresholds,
+    .index_grid       = turboq_generic_index_grid,
+    .lookup           = turboq_generic_lookup,
+    .pack             = { turboq_generic_pack2, turboq_generic_pack3, turboq_generic_pack4, turboq_generic_pack8 },
 };
 
 // ---- the codebooks ----
@@ -174,6 +189,15 @@ static inline void turboq_rotate_group_with(const struct turboq_encode_steps * s
     st->scale_signs(x, NULL, s1);
     st->fwht(x);
     st->scale_signs(x, &k, s2);
+}
+
+// x = D1.H.D2.y/sqrt(128) * scale: the inverse, with a block's norm folded in
+static inline void turboq_unrotate_group_with(const struct turboq_encode_steps * st, float * x, float scale,
+                                              const float * s1, const float * s2) {
+    const float k = scale * TURBOQ_INV_SQRT_GROUP;
+    st->scale_signs(x, NULL, s2);
+    st->fwht(x);
+    st->scale_signs(x, &k, s1);
 }
 
 // Returns the corrected norm and fills idx; see the header comment of ggml-turboq.c for the steps.
@@ -218,7 +242,7 @@ static inline void turboq_quantize_row_with(const struct turboq_encode_steps * s
     for (int64_t ib = 0; ib < k / TURBOQ_GROUP; ++ib) {
         char * blk = (char *) y + ib * cb->block_bytes;
         const float norm = turboq_encode_group_with(st, cb, x + ib * TURBOQ_GROUP, idx, s1, s2);
-        memset(blk, 0, cb->block_bytes);
+        memset(blk, 0, cb->block_bytes); // also turboq4's reserved rnorm, always 0
         const ggml_half h = GGML_FP32_TO_FP16(norm);
         memcpy(blk, &h, sizeof(h)); // every layout starts with its fp16 norm
         pack(idx, blk);

@@ -85,26 +85,6 @@ void ggml_turboq_signs(const float ** s1, const float ** s2) {
     *s2 = turboq_s2;
 }
 
-// x = D1.H.D2.y/sqrt(128) * scale
-static void turboq_unrotate_group_scaled(float * x, float scale) {
-    const float k = scale * TURBOQ_INV_SQRT_GROUP;
-    turboq_generic_scale_signs(x, NULL, turboq_s2);
-    turboq_generic_fwht(x);
-    turboq_generic_scale_signs(x, &k, turboq_s1);
-}
-
-void ggml_turboq_rotate(float * x, int64_t n) {
-    for (int64_t i = 0; i + TURBOQ_GROUP <= n; i += TURBOQ_GROUP) {
-        turboq_rotate_group_with(&turboq_generic_steps, x + i, turboq_s1, turboq_s2);
-    }
-}
-
-void ggml_turboq_unrotate(float * x, int64_t n) {
-    for (int64_t i = 0; i + TURBOQ_GROUP <= n; i += TURBOQ_GROUP) {
-        turboq_unrotate_group_scaled(x + i, 1.0f);
-    }
-}
-
 // ---- decoding: the index unpacking of each layout (packing: ggml-turboq-encode.h) ----
 
 static void turboq2_unpack(const void * blk, uint8_t * idx) {
@@ -156,7 +136,7 @@ static void turboq_dequantize_row(enum ggml_type type, const void * GGML_RESTRIC
     for (int64_t ib = 0; ib < k / TURBOQ_GROUP; ++ib) {
         float * out = y + ib * TURBOQ_GROUP;
         const float norm = ggml_turboq_decode_rotated(type, (const char *) x + ib * block_bytes, out);
-        turboq_unrotate_group_scaled(out, norm);
+        turboq_unrotate_group_with(&turboq_generic_steps, out, norm, turboq_s1, turboq_s2);
     }
 }
 

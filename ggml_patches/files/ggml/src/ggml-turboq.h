@@ -27,11 +27,6 @@ GGML_API size_t quantize_turboq3_0(const float * GGML_RESTRICT src, void * GGML_
 GGML_API size_t quantize_turboq4_0(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
 GGML_API size_t quantize_turboq8_0(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
 
-// The rotation y = D2.H.D1.x/sqrt(128) and its inverse, applied to each 128-group of x[0..n).
-// Flash attention works in the rotated domain: q.k = rotate(q).k_rot and sum(w*v) = unrotate(sum(w*v_rot)).
-GGML_API void ggml_turboq_rotate  (float * x, int64_t n);
-GGML_API void ggml_turboq_unrotate(float * x, int64_t n);
-
 // The TURBOQ_SIGN_SEED debug switch in effect (other rotation signs, CPU backend only), or NULL.
 GGML_API const char * ggml_turboq_sign_seed(void);
 

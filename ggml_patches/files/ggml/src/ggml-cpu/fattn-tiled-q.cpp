@@ -288,7 +288,7 @@ void run_tile(const attn & a, int64_t g, int64_t r0, int64_t r1, int64_t c0, int
     for (int64_t t = 0; t < n; ++t) {
         float * o = O + t*DV;
         if (a.v_rot) {
-            ggml_turboq_unrotate(o, DV);
+            ggml_turboq_cpu_unrotate(o, DV);
         }
         if (partials) {
             float * part = partials + ((g*a.p.rows + r0 + t)*a.p.nsplit + isplit)*(2 + DV);

@@ -10,8 +10,6 @@
 #include "../ggml-turboq-tables.h"
 #include "../ggml-impl.h"
 
-#include <string.h>
-
 #include "turboq-kernels.h"
 
 // ---- generic primitives ----

@@ -21,8 +21,10 @@ void quantize_row_turboq3_0(const float * GGML_RESTRICT x, void * GGML_RESTRICT 
 void quantize_row_turboq4_0(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
 void quantize_row_turboq8_0(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
 
-// the rotation y = D2.H.D1.x/sqrt(128) of each 128-group of x[0..n), in place (ggml_turboq_rotate's)
-void ggml_turboq_cpu_rotate(float * x, int64_t n);
+// The rotation y = D2.H.D1.x/sqrt(128) of each 128-group of x[0..n), in place, and its inverse.
+// Flash attention works in the rotated domain: q.k = rotate(q).k_rot and sum(w*v) = unrotate(sum(w*v_rot)).
+void ggml_turboq_cpu_rotate  (float * x, int64_t n);
+void ggml_turboq_cpu_unrotate(float * x, int64_t n);
 
 // type_traits_cpu: dot products in the original domain (mul_mat with a turboq src0, F32 src1)
 void ggml_vec_dot_turboq2_0_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);

@@ -1,9 +1,10 @@
 #pragma once
 
 // Which architecture's turboq kernels a CPU build takes: arch/<arch>/turboq-kernels.h defines the
-// primitives it accelerates, each with a TURBOQ_ARCH_<PRIMITIVE> macro, and the generic versions
-// (in turboq-cpu.c for flash attention, in ../ggml-turboq-encode.h for the quantizer) fill in the
-// rest. A new architecture adds one such header and one line here. -DGGML_TURBOQ_GENERIC builds the
+// flash-attention primitives it accelerates, each with a TURBOQ_ARCH_<PRIMITIVE> macro, the generic
+// versions in turboq-cpu.c filling in the rest; and it may define TURBOQ_ARCH_ENCODE_STEPS, a whole
+// set of encoder steps (../ggml-turboq-encode.h, whose generic steps it may name), for the quantizer
+// and the rotations in turboq-quants.c. A new architecture adds one such header and one line here. -DGGML_TURBOQ_GENERIC builds the
 // generic versions only (for measuring what an arch file gains). Included by turboq-cpu.c and
 // turboq-quants.c after ggml-common.h, ggml-turboq-tables.h and simd-mappings.h.
 

@@ -1,5 +1,5 @@
 // The CPU backend's turboq quantizer (its type traits' from_float, so SET_ROWS and CPY) and the
-// rotation of flash attention's Q (pyturbo): ggml-base's encoder (../ggml-turboq-encode.h) with
+// rotations of flash attention (Q in, the V sum out) (pyturbo): ggml-base's encoder (../ggml-turboq-encode.h) with
 // this architecture's steps, so that it writes the bytes quantize_row_turboq*_0_ref writes. Built
 // with -ffp-contract=off, as ggml-turboq.c is.
 
@@ -35,6 +35,15 @@ void ggml_turboq_cpu_rotate(float * x, int64_t n) {
     ggml_turboq_signs(&s1, &s2);
     for (int64_t i = 0; i + TURBOQ_GROUP <= n; i += TURBOQ_GROUP) {
         turboq_rotate_group_with(&turboq_cpu_steps, x + i, s1, s2);
+    }
+}
+
+void ggml_turboq_cpu_unrotate(float * x, int64_t n) {
+    const float * s1;
+    const float * s2;
+    ggml_turboq_signs(&s1, &s2);
+    for (int64_t i = 0; i + TURBOQ_GROUP <= n; i += TURBOQ_GROUP) {
+        turboq_unrotate_group_with(&turboq_cpu_steps, x + i, 1.0f, s1, s2);
     }
 }
 

@@ -1,5 +1,5 @@
 // CUDA kernels for the TurboQuant KV-cache types (pyturbo): turboq2_0/3_0/4_0/8_0.
-// Reference codec: ggml/src/ggml-turboq.c. One warp handles one 128-value group: lane l holds
+// Reference codec: ggml/src/ggml-turboq.c and ggml-turboq-encode.h. One warp handles one 128-value group: lane l holds
 // values l + 32*k (k = 0..3), so the Walsh-Hadamard butterflies h = 1..16 are warp shuffles and
 // h = 32, 64 are register-local. Every float operation of the encoder follows the C reference in
 // the same order with explicitly rounded intrinsics (the CUDA build uses -use_fast_math).
@@ -62,7 +62,7 @@ static __device__ __forceinline__ void tq_load_tables(tq_smem_tables<type> & t, 
 }
 
 // Unnormalised Sylvester Walsh-Hadamard transform of one group, butterflies h = 1..64 in the
-// order of turboq_fwht() in ggml-turboq.c (x[j] = a + b, x[j + h] = a - b), bit for bit.
+// order of turboq_generic_fwht() in ggml-turboq-encode.h (x[j] = a + b, x[j + h] = a - b), bit for bit.
 static __device__ __forceinline__ void tq_fwht128(float (&x)[4], const int lane) {
 #pragma unroll
     for (int h = 1; h < 32; h <<= 1) {
@@ -81,7 +81,7 @@ static __device__ __forceinline__ void tq_fwht128(float (&x)[4], const int lane)
     a = x[1]; b = x[3]; x[1] = __fadd_rn(a, b); x[3] = __fsub_rn(a, b);
 }
 
-// turboq_tree_sum() of t: the fixed halving tree h = 64..1, result broadcast to all lanes.
+// turboq_generic_tree_sum() of t: the fixed halving tree h = 64..1, result broadcast to all lanes.
 static __device__ __forceinline__ float tq_tree_sum(const float (&t)[4]) {
     const float s0 = __fadd_rn(t[0], t[2]); // h = 64: value l + value l+64
     const float s1 = __fadd_rn(t[1], t[3]); //         value l+32 + value l+96
@@ -93,7 +93,7 @@ static __device__ __forceinline__ float tq_tree_sum(const float (&t)[4]) {
     return __shfl_sync(0xFFFFFFFF, s, 0, 32);
 }
 
-// y = D2.H.D1.x/sqrt(128) (turboq_rotate_group)
+// y = D2.H.D1.x/sqrt(128) (turboq_rotate_group_with)
 static __device__ __forceinline__ void tq_rotate(float (&x)[4], const int lane, const float * sign1, const float * sign2) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -169,7 +169,7 @@ static __device__ __forceinline__ float tq_decode_rotated(const char * __restric
     return __half2float(*(const half *) blk);
 }
 
-// Encode one group (turboq_encode_group + pack). x[k] = value lane + 32*k. Warp-collective.
+// Encode one group (turboq_encode_group_with + pack). x[k] = value lane + 32*k. Warp-collective.
 template <ggml_type type>
 static __device__ __forceinline__ void tq_encode_group(const float (&x)[4], char * __restrict__ blk, const int lane, const tq_smem_tables<type> & t) {
     typedef typename tq_traits<type>::block block_t;

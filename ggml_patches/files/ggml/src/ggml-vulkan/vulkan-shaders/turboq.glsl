@@ -1,4 +1,4 @@
-// TurboQuant codec for the Vulkan shaders: the steps and the float order of ggml-turboq.c.
+// TurboQuant codec for the Vulkan shaders: the steps and the float order of ggml-turboq-encode.h.
 // `precise` keeps the compiler from fusing a multiply into an add where the C code rounds between
 // them, so a CPU Vulkan driver reproduces the CPU blocks.
 #if !defined(GGML_TURBOQ_GLSL)
@@ -53,7 +53,7 @@ float turboq_tree_sum(inout float t[128]) {
     return t[0];
 }
 
-// Encodes the group v (destroyed): fills idx, returns the corrected norm (see ggml-turboq.c).
+// Encodes the group v (destroyed): fills idx, returns the corrected norm (see ggml-turboq-encode.h).
 float turboq_encode(const uint type, inout float v[128], out uint idx[128]) {
     float amax = 0.0;
     bool finite = true;

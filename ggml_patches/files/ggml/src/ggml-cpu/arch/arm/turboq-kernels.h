@@ -193,11 +193,17 @@ static inline void turboq_neon_pack4(const uint8_t * idx, void * blk) {
     }
 }
 
-// a struct turboq_encode_steps initializer, in its member order (turboq8 packs with a memcpy)
-#define TURBOQ_ARCH_ENCODE_STEPS {                                                                   \
-    turboq_neon_absmax, turboq_neon_div_square, turboq_neon_tree_sum, turboq_neon_fwht,             \
-    turboq_neon_scale_signs, turboq_neon_index_thresholds, turboq_neon_index_grid, turboq_neon_lookup, \
-    { turboq_neon_pack2, turboq_neon_pack3, turboq_neon_pack4, turboq_generic_pack8 },               \
+// a struct turboq_encode_steps initializer: every step (turboq8 packs with the generic memcpy)
+#define TURBOQ_ARCH_ENCODE_STEPS {                                                                    \
+    .absmax           = turboq_neon_absmax,                                                           \
+    .div_square       = turboq_neon_div_square,                                                       \
+    .tree_sum         = turboq_neon_tree_sum,                                                         \
+    .fwht             = turboq_neon_fwht,                                                             \
+    .scale_signs      = turboq_neon_scale_signs,                                                      \
+    .index_thresholds = turboq_neon_index_thresholds,                                                 \
+    .index_grid       = turboq_neon_index_grid,                                                       \
+    .lookup           = turboq_neon_lookup,                                                           \
+    .pack             = { turboq_neon_pack2, turboq_neon_pack3, turboq_neon_pack4, turboq_generic_pack8 }, \
 }
 
 // ---- flash attention ----
