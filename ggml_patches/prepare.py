@@ -25,16 +25,21 @@ FILES_DIR = HERE / "files"
 SERIES = HERE / "series"
 
 
-def _load_paths():
-    # pyturbo/_paths.py (standard library only) holds the pin and the cache location; loaded by
-    # file so that this script runs before pyturbo is installed and without touching sys.path
-    spec = importlib.util.spec_from_file_location("pyturbo_paths", HERE.parent / "pyturbo" / "_paths.py")
+def _load(name: str, rel: str):
+    # modules of pyturbo that use the standard library only, loaded by file so that this script
+    # runs before pyturbo is installed and without touching sys.path
+    spec = importlib.util.spec_from_file_location(name, HERE.parent / rel)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-_paths = _load_paths()
+_paths = _load("pyturbo_paths", "pyturbo/_paths.py")  # the pin and the cache location
+_signs = _load("pyturbo_signs", "pyturbo/lab/signs.py")  # a seeded build's rotation signs
+SIGNED_TABLES = {  # the generated tables whose sign blocks a seeded build replaces; True: GLSL
+    Path("ggml/src/ggml-turboq-tables.h"): False,
+    Path("ggml/src/ggml-vulkan/vulkan-shaders/turboq_tables.glsl"): True,
+}
 cache_dir = _paths.cache_dir
 _PIN = _paths.pin()
 UPSTREAM_COMMIT = _PIN["llama_cpp_commit"]
@@ -138,6 +143,13 @@ def apply_series(tree: Path) -> None:
             sys.exit(f"prepare: patch {patch.name} does not apply to llama.cpp {UPSTREAM_COMMIT}:\n{r.stderr}")
 
 
+def seed_signs(tree: Path, seed: int) -> None:
+    """Draw the rotation signs from seed in every generated table, so all backends agree."""
+    for rel, glsl in SIGNED_TABLES.items():
+        path = tree / rel
+        path.write_text(_signs.seeded(path.read_text(), seed, glsl))
+
+
 def sync_tree(src: Path, dest: Path) -> int:
     """Mirror src into dest, touching only files whose content differs. Returns the count changed."""
     changed = 0
@@ -163,8 +175,11 @@ def sync_tree(src: Path, dest: Path) -> int:
     return changed
 
 
-def inputs_digest() -> str:
+def inputs_digest(sign_seed: int | None = None) -> str:
     h = hashlib.sha256(UPSTREAM_SDIST_SHA256.encode())
+    if sign_seed is not None:
+        h.update(f"sign seed {sign_seed}".encode())
+        h.update((HERE.parent / "pyturbo" / "lab" / "signs.py").read_bytes())
     for p in sorted([SERIES, *series(), *(FILES_DIR / r for r in new_files())]):
         h.update(str(p.relative_to(HERE)).encode())
         h.update(p.read_bytes())
@@ -176,7 +191,15 @@ def main() -> None:
     ap.add_argument("--dest", type=Path, help="directory that receives the patched tree")
     ap.add_argument("--print-sdist", action="store_true", help="fetch the pinned sdist (cached) and print its path")
     ap.add_argument("--pristine", action="store_true", help="extract upstream only, apply nothing")
+    ap.add_argument("--sign-seed", default="", metavar="N",
+                    help="draw the rotation signs from seed N (CMake's PYTURBO_SIGN_SEED; a debug option)")
     args = ap.parse_args()
+    try:
+        sign_seed = _signs.parse_seed(args.sign_seed) if args.sign_seed else None
+    except ValueError as e:
+        ap.error(str(e))
+    if sign_seed is not None and args.pristine:
+        ap.error("--sign-seed applies to the patched tree, not to --pristine")
     if args.print_sdist:
         print(fetch_sdist())
         return
@@ -184,7 +207,7 @@ def main() -> None:
         ap.error("--dest is required")
     dest: Path = args.dest.resolve()
     stamp = dest.parent / (dest.name + ".stamp")
-    digest = "pristine" if args.pristine else inputs_digest()
+    digest = "pristine" if args.pristine else inputs_digest(sign_seed)
     if stamp.exists() and stamp.read_text() == digest and dest.is_dir():
         return
     sdist = fetch_sdist()
@@ -193,10 +216,13 @@ def main() -> None:
         extract_upstream(sdist, staging)
         if not args.pristine:
             apply_series(staging)
+        if sign_seed is not None:
+            seed_signs(staging, sign_seed)
         dest.mkdir(parents=True, exist_ok=True)
         n = sync_tree(staging, dest)
     stamp.write_text(digest)
-    print(f"prepare: llama.cpp {UPSTREAM_COMMIT} + {len(series())} patches -> {dest} ({n} files updated)")
+    seeded = f", rotation signs from seed {sign_seed}" if sign_seed is not None else ""
+    print(f"prepare: llama.cpp {UPSTREAM_COMMIT} + {len(series())} patches{seeded} -> {dest} ({n} files updated)")
 
 
 if __name__ == "__main__":

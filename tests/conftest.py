@@ -15,12 +15,36 @@ def pytest_report_header(config):
     return f"pyturbo build: {_paths.build_dir()}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fetched_data() -> dict[str, Path]:
+    """The real data (the models, botchan.txt), downloaded once before the first test: pyturbo's
+    library code finds it and never downloads (`python -m pyturbo fetch` does)."""
+    from pyturbo import fetch
+    return fetch.fetch()
+
+
 @pytest.fixture(scope="session")
 def build_info() -> dict:
     path = _paths.build_dir() / "pyturbo-build.json"
     if not path.exists():
         pytest.fail(f"no build at {_paths.build_dir()}: run `bash scripts/setup.sh` first")
     return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def seeded_build(build_info) -> tuple[Path, str]:
+    """(bin dir, seed) of scripts/build_seeded.sh's build, whose rotation signs come from
+    PYTURBO_SIGN_SEED; missing, the test skips, except under CI=true, where it fails."""
+    import os
+    path = _paths.build_dirs()["PYTURBO_SEEDED_BUILD_DIR"]
+    info = path / "pyturbo-build.json"
+    seed = json.loads(info.read_text()).get("sign_seed", "") if info.exists() else ""
+    if not seed or not (path / "bin" / _paths.library_file("llama")).exists():
+        msg = f"no seeded build at {path}: run `bash scripts/build_seeded.sh`"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return path / "bin", seed
 
 
 @pytest.fixture(scope="session")

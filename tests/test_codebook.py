@@ -2,6 +2,8 @@
 paper prescribes) and the CUDA flash-attention instances from pyturbo.lab.cuda_instances."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -65,3 +67,61 @@ def test_signs_are_balanced_and_fixed():
     assert set(np.unique(s1)) == {-1.0, 1.0} and set(np.unique(s2)) == {-1.0, 1.0}
     assert 40 < (s1 > 0).sum() < 88 and 40 < (s2 > 0).sum() < 88
     assert not np.array_equal(s1, s2)
+
+
+def test_a_seeded_tree_swaps_only_the_sign_blocks():
+    """prepare.py's seeding (cmake -DPYTURBO_SIGN_SEED) replaces the shipped sign block of each
+    generated table with the seed's, and nothing else; the C block names the seed."""
+    from pyturbo.lab import signs
+    for path, glsl in ((codebook.HEADER_PATH, False), (codebook.GLSL_PATH, True)):
+        text = path.read_text()
+        seeded = signs.seeded(text, 7, glsl)
+        block = signs.glsl_block(7) if glsl else signs.c_block(7)
+        assert block in seeded and seeded.replace(block, signs.glsl_block() if glsl else signs.c_block()) == text
+        assert ('#define TURBOQ_SIGN_SEED_BUILD "7"' in seeded) != glsl
+        with pytest.raises(ValueError, match="no shipped sign block"):
+            signs.seeded(seeded, 8, glsl)
+    s1, s2 = signs.sign_lists(7)
+    assert (s1, s2) != signs.sign_lists() and 40 < s1.count(-1.0) < 88
+
+
+def test_prepare_refuses_a_bad_seed(tmp_path):
+    import subprocess
+    import sys
+    script = codebook.REPO_ROOT / "ggml_patches" / "prepare.py"
+    for bad, why in (("seven", "not an integer"), (str(1 << 64), "out of range")):
+        r = subprocess.run([sys.executable, str(script), "--dest", str(tmp_path / "t"), "--sign-seed", bad],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and why in r.stderr and not (tmp_path / "t").exists(), r.stderr
+
+
+def test_a_seeded_build_compiles_its_signs_for_every_backend(seeded_build):
+    """The seeded build's ggml-base reports its seed and uses its signs, and the tree it compiled
+    (CPU, CUDA: the C header; Vulkan: the GLSL) carries them."""
+    import json
+    import subprocess
+    import sys
+    from pyturbo.lab import signs
+    bin_dir, seed = seeded_build
+    probe = r"""
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.ggml_turboq_sign_seed.restype = ctypes.c_char_p
+p1, p2 = ctypes.POINTER(ctypes.c_float)(), ctypes.POINTER(ctypes.c_float)()
+lib.ggml_turboq_signs(ctypes.byref(p1), ctypes.byref(p2))
+print(json.dumps([lib.ggml_turboq_sign_seed().decode(), [p1[i] for i in range(128)], [p2[i] for i in range(128)]]))
+"""
+    from pyturbo._paths import library_file
+    r = subprocess.run([sys.executable, "-c", probe, str(bin_dir / library_file("ggml-base"))],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got_seed, s1, s2 = json.loads(r.stdout)
+    assert got_seed == seed and (s1, s2) == signs.sign_lists(int(seed))
+    tree = Path(json.loads((bin_dir.parent / "pyturbo-build.json").read_text())["upstream_src"])
+    assert signs.c_block(int(seed)) in (tree / "ggml/src/ggml-turboq-tables.h").read_text()
+    assert signs.glsl_block(int(seed)) in (tree / "ggml/src/ggml-vulkan/vulkan-shaders/turboq_tables.glsl").read_text()
+    import os
+    env = {**os.environ, "PYTURBO_BUILD_DIR": str(bin_dir.parent)}
+    env.pop("LLAMA_CPP_LIB_PATH", None)
+    r = subprocess.run([sys.executable, "-m", "pyturbo", "doctor"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and f"rotation signs: PYTURBO_SIGN_SEED={seed} (a debug build)" in r.stdout, r.stdout + r.stderr

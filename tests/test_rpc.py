@@ -112,17 +112,18 @@ def test_rpc_server_refuses_a_bad_flag(build_info):
     assert r.returncode != 0 and "invalid number of threads" in r.stderr, r.stderr
 
 
-def test_a_sign_seed_is_refused_for_layers_on_another_backend(rpc_endpoints):
-    """TURBOQ_SIGN_SEED (a debug switch) changes the rotation of this process's CPU backend only;
-    a layer on an RPC server keeps the built-in one, so a turboq context is refused, naming the
-    switch and the device, whether its cache is there or kept here (--no-kv-offload: measured,
-    its turboq ops then mix both signs). CPU only, the switch works."""
+def test_a_seeded_build_refuses_turboq_layers_on_rpc(rpc_endpoints, seeded_build, monkeypatch):
+    """A build with other rotation signs (cmake -DPYTURBO_SIGN_SEED, a debug option) cannot know
+    an RPC server's signs, so a turboq context with a layer there is refused, naming the option
+    and the device, whether its cache is there or kept here (--no-kv-offload: measured, its turboq
+    ops then mix both signs). On its own devices the seeded build works, with another result."""
     path, text = data.tiny_model(head_dim=128, n_layer=4), data.corpus_slice(12000)
-    rpc = ("--rpc", ",".join(rpc_endpoints), "-ngl", "99")
-    env = {"TURBOQ_SIGN_SEED": "7"}
-    for extra in (rpc, (*rpc, "--no-kv-offload")):
-        with pytest.raises(RuntimeError, match=r"TURBOQ_SIGN_SEED=7 \(a debug switch\).*this layer runs on RPC"):
-            perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=1, extra=extra, env=env)
-    seeded = perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=1, env=env)
     shipped = perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=1)
+    bin_dir, seed = seeded_build
+    monkeypatch.setenv("PYTURBO_BUILD_DIR", str(bin_dir.parent))
+    rpc = ("--rpc", ",".join(rpc_endpoints), "-ngl", "99")
+    for extra in (rpc, (*rpc, "--no-kv-offload")):
+        with pytest.raises(RuntimeError, match=rf"PYTURBO_SIGN_SEED={seed} \(a debug build option\).*runs on RPC"):
+            perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=1, extra=extra)
+    seeded = perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=1)
     assert seeded.ppl > 0 and seeded.ppl != shipped.ppl  # other signs, another (valid) result

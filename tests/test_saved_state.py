@@ -221,48 +221,55 @@ def test_slot_files_are_refused_when_they_do_not_fit(build_info, tmp_path):
 
 _SEEDED = r"""
 import pickle, sys
-import numpy as np
 from pyturbo import data
 from pyturbo.llama import Llama, StateError
-llm = Llama(str(data.tiny_model()), cache_type_k="turboq3", cache_type_v="turboq3", n_ctx=256, n_batch=256, verbose=False)
+k, v = sys.argv[3], sys.argv[4]
+llm = Llama(str(data.tiny_model()), cache_type_k=k, cache_type_v=v, n_ctx=256, n_batch=256, flash_attn=True,
+            verbose=False, seed=1)
 llm.eval(llm.tokenize(b"The old man looked at the sea"))
 own = llm.save_state()
 llm.eval([1, 2, 3])
 llm.load_state(own)
 print("own state", "RESTORED" if bytes(llm.save_state().llama_state) == bytes(own.llama_state) else "DIFFERS")
 with open(sys.argv[1], "rb") as f:
-    unseeded = pickle.load(f)
+    shipped = pickle.load(f)
 try:
-    llm.load_state(unseeded)
-    print("unseeded state DONE")
+    llm.load_state(shipped)
+    print("shipped state DONE")
 except StateError as e:
-    print("unseeded state REFUSED", str(e).replace("\n", " | "))
+    print("shipped state REFUSED", str(e).replace("\n", " | "))
 with open(sys.argv[2], "wb") as f:
     pickle.dump(own, f)
 """
 
 
-def test_a_state_carries_its_sign_seed(Llama, tiny, tmp_path):
-    """TURBOQ_SIGN_SEED (a debug switch, read when the library loads) gives the CPU backend other
-    rotation signs, so a state saved under it is noise to any other process and the other way
-    round: the K-centering record carries the seed and a restore across signs is refused, both
-    ways, while one process restores its own state bit-identically (llama-server's prompt cache
-    and checkpoints do that)."""
+@pytest.mark.parametrize("k,v", [("turboq3", "turboq3"), ("f16", "turboq3")])
+def test_a_seeded_builds_state_stays_its_own(Llama, tiny, tmp_path, seeded_build, k, v):
+    """A build with other rotation signs (cmake -DPYTURBO_SIGN_SEED, a debug option) marks its
+    states where each turboq layer's type goes, so a state is refused across signs, both ways,
+    also for a turboq V without K centering (no K record to carry it), while each build restores
+    its own state bit-identically (llama-server's prompt cache and checkpoints do that). The
+    shipped build writes no mark: its format is unchanged."""
     from pyturbo.llama import StateError
-    llm = make(Llama, tiny, "turboq3", "turboq3")
+    bin_dir, seed = seeded_build
+    llm = make(Llama, tiny, k, v)
     llm.eval(llm.tokenize(PROMPT.encode()))
     mine = llm.save_state()
-    (tmp_path / "unseeded.pkl").write_bytes(pickle.dumps(mine))
-    env = {**os.environ, "TURBOQ_SIGN_SEED": "7"}
-    r = subprocess.run([sys.executable, "-c", _SEEDED, str(tmp_path / "unseeded.pkl"), str(tmp_path / "seeded.pkl")],
+    (tmp_path / "shipped.pkl").write_bytes(pickle.dumps(mine))
+    env = {**os.environ, "PYTURBO_BUILD_DIR": str(bin_dir.parent)}
+    env.pop("LLAMA_CPP_LIB_PATH", None)
+    r = subprocess.run([sys.executable, "-c", _SEEDED, str(tmp_path / "shipped.pkl"), str(tmp_path / "seeded.pkl"), k, v],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     assert lines[0] == "own state RESTORED", r.stdout
-    assert lines[1].startswith("unseeded state REFUSED") and \
-        "saved without TURBOQ_SIGN_SEED and this process has TURBOQ_SIGN_SEED=7" in lines[1], lines[1]
+    assert lines[1].startswith("shipped state REFUSED") and "written with the shipped rotation signs, and this " \
+        f"build has rotation signs from PYTURBO_SIGN_SEED={seed}" in lines[1], lines[1]
     seeded = pickle.loads((tmp_path / "seeded.pkl").read_bytes())
+    mark = b"TTQS" + int(seed).to_bytes(8, "little")  # where each turboq layer's type goes (tiny: 2 layers)
+    assert bytes(seeded.llama_state).count(mark) == 2 * ((k != "f16") + 1) and b"TTQS" not in bytes(mine.llama_state)
     before = bytes(llm.save_state().llama_state)
-    with pytest.raises(StateError, match="saved with TURBOQ_SIGN_SEED=7 and this process has it unset"):
+    with pytest.raises(StateError, match=f"written with rotation signs from PYTURBO_SIGN_SEED={seed}, and this build "
+                                         "has the shipped rotation signs"):
         llm.load_state(seeded)
     assert bytes(llm.save_state().llama_state) == before

@@ -6,8 +6,8 @@ turboq2/3/4 use the Lloyd-Max quantizer of that density with 4/8/16 levels. turb
 uniform 256-level grid scaled per block to the absmax of the rotated group.
 
 The rotation is y = D2 . H . D1 . x / sqrt(d) with H the Sylvester-Hadamard matrix and D1, D2
-diagonal +-1 matrices. The signs come from splitmix64 seeded with SIGN_SEED: bit 0 of outputs
-0..127 gives D1, of outputs 128..255 gives D2 (bit set -> -1).
+diagonal +-1 matrices, drawn in pyturbo/lab/signs.py (standard library only, as the build's
+seeded-signs option needs).
 
 `python -m pyturbo.lab.codebook --write` writes the tables that the patch series carries: the C header
 (ggml_patches/files/ggml/src/ggml-turboq-tables.h, also compiled by CUDA) and its GLSL twin for the
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from .._paths import REPO_ROOT
+from . import signs as _signs
+from .signs import D, SIGN_SEED, splitmix64  # noqa: F401 (the lab and hf/ import them from here)
 
-D = 128
-SIGN_SEED = 0x7475726271  # "turbq" in ASCII
 LLOYD_MAX_BITS = (2, 3, 4)
 GRID8_LEVELS = 256
 
@@ -34,25 +34,11 @@ HEADER_PATH = _FILES / "ggml-turboq-tables.h"
 GLSL_PATH = _FILES / "ggml-vulkan" / "vulkan-shaders" / "turboq_tables.glsl"
 
 
-def splitmix64(seed: int, n: int) -> list[int]:
-    mask = (1 << 64) - 1
-    state = seed & mask
-    out = []
-    for _ in range(n):
-        state = (state + 0x9E3779B97F4A7C15) & mask
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-        out.append(z ^ (z >> 31))
-    return out
-
-
 @lru_cache(maxsize=None)
 def rotation_signs() -> tuple[np.ndarray, np.ndarray]:
     """(D1, D2) as float32 arrays of +-1."""
-    bits = [v & 1 for v in splitmix64(SIGN_SEED, 2 * D)]
-    signs = np.array([-1.0 if b else 1.0 for b in bits], dtype=np.float32)
-    return signs[:D].copy(), signs[D:].copy()
+    s1, s2 = _signs.sign_lists()
+    return np.array(s1, dtype=np.float32), np.array(s2, dtype=np.float32)
 
 
 def _grid(n: int = 1 << 20, d: int = D) -> tuple[np.ndarray, np.ndarray]:
@@ -157,7 +143,6 @@ def _c_floats(values: np.ndarray, per_line: int = 4) -> str:
 
 
 def render_header() -> str:
-    s1, s2 = rotation_signs()
     cbs = codebooks()
     thr = thresholds()
     parts = [
@@ -176,10 +161,7 @@ def render_header() -> str:
         "#endif",
         "",
     ]
-    for name, signs in (("turboq_sign1", s1), ("turboq_sign2", s2)):
-        rows = [", ".join(f"{v:+.1f}f" for v in signs[i:i + 16]) for i in range(0, D, 16)]
-        body = "    " + ",\n    ".join(rows)
-        parts.append(f"TURBOQ_TABLE float {name}[{D}] = {{\n{body}\n}};\n")
+    parts.append(_signs.c_block())
     for b in LLOYD_MAX_BITS:
         lm = lloyd_max(b)
         parts.append(f"// {1 << b} levels; E||u - Q(u)||^2 = {lm.vector_mse:.6f} for a unit vector")
@@ -197,7 +179,6 @@ def _glsl_floats(name: str, values: np.ndarray) -> str:
 
 def render_glsl() -> str:
     """The same tables for the Vulkan shaders; signs as bit masks (bit i set = -1)."""
-    s1, s2 = rotation_signs()
     cbs = codebooks()
     thr = thresholds()
     parts = [
@@ -210,15 +191,7 @@ def render_glsl() -> str:
         f"const float TURBOQ_INV_SQRT_GROUP = {float(np.float32(1.0 / np.sqrt(D))):.9e};",
         "",
     ]
-    for name, signs in (("turboq_sign1_bits", s1), ("turboq_sign2_bits", s2)):
-        words = []
-        for w in range(D // 32):
-            bits = 0
-            for i in range(32):
-                if signs[32 * w + i] < 0:
-                    bits |= 1 << i
-            words.append(f"0x{bits:08x}u")
-        parts.append(f"const uint {name}[{D // 32}] = uint[{D // 32}]({', '.join(words)});")
+    parts.append(_signs.glsl_block())
     parts.append("")
     for b in LLOYD_MAX_BITS:
         parts.append(_glsl_floats(f"turboq{b}_centroids", cbs[f"turboq{b}"]))

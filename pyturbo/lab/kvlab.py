@@ -437,8 +437,10 @@ END_TO_END = {
 }
 
 
-def end_to_end(names: list[str], chunks: int, threads: int = 2, seed: int | None = None) -> dict[str, tuple[float, float, float]]:
-    """name -> (PPL, mean KLD vs f16, its error) from llama-perplexity on botchan.txt, c=512."""
+def end_to_end(names: list[str], chunks: int, threads: int = 2) -> dict[str, tuple[float, float, float]]:
+    """name -> (PPL, mean KLD vs f16, its error) from llama-perplexity on botchan.txt, c=512, with the
+    build's rotation signs (another draw end to end: a build with -DPYTURBO_SIGN_SEED=<n>, run
+    with PYTURBO_BUILD_DIR pointing at it)."""
     import tempfile
 
     from .. import data
@@ -451,7 +453,6 @@ def end_to_end(names: list[str], chunks: int, threads: int = 2, seed: int | None
         perplexity(model, text, "f16", "f16", chunks=chunks, threads=threads, kld_base=base, write_base=True)
         for name in names:
             k, v, env = END_TO_END[name]
-            env = {**env, **({"TURBOQ_SIGN_SEED": str(seed)} if seed is not None else {})}
             r = perplexity(model, text, k, v, chunks=chunks, threads=threads, kld_base=base, env=env)
             out[name] = (r.ppl, r.kld, r.kld_err)
     return out

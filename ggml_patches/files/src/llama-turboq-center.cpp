@@ -25,7 +25,7 @@
 namespace {
 
 constexpr uint32_t K_MEAN_MAGIC       = 0x534b5154; // "TQKS": the calibrated mean and channel scale
-constexpr uint32_t K_MEAN_MAGIC_SEED  = 0x444b5154; // "TQKD": the same, then TURBOQ_SIGN_SEED's seed (u64)
+constexpr uint32_t K_MEAN_MAGIC_SEED  = 0x444b5154; // "TQKD": the same, then the former TURBOQ_SIGN_SEED's seed
 constexpr uint32_t K_MEAN_MAGIC_NOSC  = 0x434b5154; // "TQKC": a calibrated mean without the scale (earlier build)
 constexpr uint32_t K_MEAN_MAGIC_OLD   = 0x4d4b5154; // "TQKM": a mean fixed by the first write (before calibration)
 
@@ -611,24 +611,12 @@ ggml_tensor * llama_turboq_k_mean_heads(ggml_context * ctx, ggml_tensor * k_mean
     return ggml_view_3d(ctx, k_mean, n_cols, n_head_kv, 1, n_embd_head*es, n_embd_head*n_head_kv*es, (base + offset)*es);
 }
 
-// TURBOQ_SIGN_SEED's seed as ggml-turboq.c parses it; false when the switch is off
-static bool sign_seed(uint64_t & seed) {
-    const char * text = ggml_turboq_sign_seed();
-    seed = text ? std::strtoull(text, nullptr, 0) : 0;
-    return text != nullptr;
-}
-
 void llama_turboq_write_k_mean(llama_io_write_i & io, ggml_tensor * k_mean) {
-    uint64_t seed = 0;
-    const bool seeded = sign_seed(seed);
-    const uint32_t magic = seeded ? K_MEAN_MAGIC_SEED : K_MEAN_MAGIC;
+    const uint32_t magic = K_MEAN_MAGIC;
     const uint32_t n = (uint32_t) ggml_nelements(k_mean);
     io.write(&magic, sizeof(magic));
     io.write(&n, sizeof(n));
     io.write_tensor(k_mean, 0, ggml_nbytes(k_mean));
-    if (seeded) {
-        io.write(&seed, sizeof(seed));
-    }
 }
 
 bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32_t il) {
@@ -645,7 +633,12 @@ bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32
                         "first request; it cannot be restored exactly (process the prompt again)\n", __func__, il);
         return false;
     }
-    if (magic != K_MEAN_MAGIC && magic != K_MEAN_MAGIC_SEED) {
+    if (magic == K_MEAN_MAGIC_SEED) {
+        LLAMA_LOG_ERROR("%s: layer %u: the state was saved under the former TURBOQ_SIGN_SEED switch, with rotation signs "
+                        "that this build may not have; it cannot be restored (process the prompt again)\n", __func__, il);
+        return false;
+    }
+    if (magic != K_MEAN_MAGIC) {
         LLAMA_LOG_ERROR("%s: layer %u: the state has no K-centering mean for this turboq K cache "
                         "(saved without K centering, e.g. with TURBOQ_K_CENTER=0, or corrupt)\n", __func__, il);
         return false;
@@ -658,10 +651,6 @@ bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32
     std::vector<float> saved(n);
     std::vector<float> cur(n);
     io.read(saved.data(), n*sizeof(float));
-    uint64_t saved_seed = 0;
-    if (magic == K_MEAN_MAGIC_SEED) {
-        io.read(&saved_seed, sizeof(saved_seed));
-    }
     for (float x : saved) {
         if (!std::isfinite(x)) {
             LLAMA_LOG_ERROR("%s: layer %u: the saved K-centering mean is not finite (corrupt state)\n", __func__, il);
@@ -672,15 +661,6 @@ bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32
     if (std::memcmp(saved.data(), cur.data(), n*sizeof(float)) != 0) {
         LLAMA_LOG_ERROR("%s: layer %u: the state's K-centering mean or channel scale is not this cache's (saved from another model "
                         "file, backend or build, by a context of another size, or corrupt); its K rows would be read wrong\n", __func__, il);
-        return false;
-    }
-    uint64_t seed = 0;
-    const bool seeded = sign_seed(seed);
-    if ((magic == K_MEAN_MAGIC_SEED) != seeded || saved_seed != seed) {
-        const std::string was = magic == K_MEAN_MAGIC_SEED ? "with TURBOQ_SIGN_SEED=" + std::to_string(saved_seed) : "without TURBOQ_SIGN_SEED";
-        const std::string is  = seeded ? "has TURBOQ_SIGN_SEED=" + std::to_string(seed) : "has it unset";
-        LLAMA_LOG_ERROR("%s: layer %u: the state was saved %s and this process %s (a debug switch): its turboq rows use "
-                        "other rotation signs and would read as noise\n", __func__, il, was.c_str(), is.c_str());
         return false;
     }
     return true;

@@ -26,9 +26,9 @@
 // restored only into a cache with the same ones. TURBOQ_K_CENTER=0 turns both off,
 // TURBOQ_K_BALANCE=0 the scale (debug).
 //
-// A state written under TURBOQ_SIGN_SEED (llama-turboq.h) carries the seed in each K-centering
-// record, and a record whose seed is not this process's is refused; a cache without K centering
-// (turboq V only, TURBOQ_K_CENTER=0) has no record and is not marked.
+// A seeded build's states (PYTURBO_SIGN_SEED) are marked where each turboq layer's type is written,
+// not here (llama_turboq_write_sign_mark, llama-turboq.h), so that caches without K centering are
+// marked too.
 
 class  llama_io_write_i;
 class  llama_io_read_i;
@@ -65,10 +65,9 @@ ggml_tensor * llama_turboq_scale_q(ggml_context * ctx, ggml_tensor * q_cur, ggml
 ggml_tensor * llama_turboq_k_mean_heads(ggml_context * ctx, ggml_tensor * k_mean, int64_t n_cols, int64_t n_head_kv,
                                         int64_t n_embd_head, int64_t offset, int part);
 
-// state: the record (mu and s, and TURBOQ_SIGN_SEED's seed when it is on) written before a layer's K rows
+// state: the record (mu and s) written before a layer's K rows
 void llama_turboq_write_k_mean(llama_io_write_i & io, ggml_tensor * k_mean);
 
 // reads the record before a layer's K rows; false with an error logged when it is missing, corrupt,
-// not this cache's mu and s, or written under other rotation signs (the rows would then be read
-// against the wrong ones)
+// or not this cache's mu and s (the rows would then be read against the wrong ones)
 bool llama_turboq_read_k_mean(llama_io_read_i & io, ggml_tensor * k_mean, uint32_t il);

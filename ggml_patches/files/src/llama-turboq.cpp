@@ -1,6 +1,7 @@
 #include "llama-turboq.h"
 
 #include "llama-impl.h"
+#include "llama-io.h"
 #include "llama-model.h"
 #include "llama-model-loader.h"
 
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 #include <stdexcept>
@@ -261,22 +263,69 @@ void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_
 }
 
 
-// ---- TURBOQ_SIGN_SEED ----
+// ---- a seeded build ----
+
+namespace {
+
+constexpr int32_t SIGN_MARK = 0x53515454; // "TTQS", then the seed (u64); no ggml type has this id
+
+bool is_rpc(ggml_backend_dev_t dev) {
+    const char * name = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
+    return name != nullptr && std::strncmp(name, "RPC", 3) == 0;
+}
+
+std::string signs_text(bool marked, uint64_t seed) {
+    return marked ? "rotation signs from PYTURBO_SIGN_SEED=" + std::to_string(seed) : "the shipped rotation signs";
+}
+
+} // namespace
 
 void llama_turboq_check_sign_seed(const llama_turboq_layer_types & lt, ggml_backend_dev_t layer_dev, uint32_t il) {
     const char * seed = ggml_turboq_sign_seed();
     if (seed == nullptr || (!ggml_is_turboq(lt.type_k) && !ggml_is_turboq(lt.type_v))) {
         return;
     }
-    if (layer_dev == nullptr || ggml_backend_dev_type(layer_dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+    if (layer_dev == nullptr || !is_rpc(layer_dev)) {
+        return; // the backends of this build share its generated tables
+    }
+    // measured with the former runtime switch: with the cache kept on the CPU (--no-kv-offload)
+    // and the layer on RPC, PPL moved from the CPU-only run's 261 to 345 on a tiny model
+    throw std::runtime_error(format("layer %u: this build draws its turboq rotation signs from PYTURBO_SIGN_SEED=%s "
+        "(a debug build option), and this layer runs on %s, a server whose build may use other signs, which would "
+        "read the cache as noise; run the model on this machine's devices, or use a build without the option",
+        il, seed, ggml_backend_dev_name(layer_dev)));
+}
+
+void llama_turboq_write_sign_mark(llama_io_write_i & io, ggml_type type) {
+    const char * seed = ggml_turboq_sign_seed();
+    if (seed == nullptr || !ggml_is_turboq(type)) {
         return;
     }
-    // measured: with the cache kept on the CPU (--no-kv-offload) and the layer on RPC, PPL moved from
-    // the CPU-only run's 261 to 345 on a tiny model, so a CPU buffer alone is not enough
-    throw std::runtime_error(format("layer %u: TURBOQ_SIGN_SEED=%s (a debug switch) changes the turboq rotation of this "
-        "process's CPU backend only, and this layer runs on %s, which keeps the built-in rotation: the switch would be "
-        "ignored there, or mixed with it; unset TURBOQ_SIGN_SEED, or run the model on the CPU only (no -ngl, --rpc or "
-        "--device)", il, seed, ggml_backend_dev_name(layer_dev)));
+    const uint64_t value = std::strtoull(seed, nullptr, 10);
+    io.write(&SIGN_MARK, sizeof(SIGN_MARK));
+    io.write(&value, sizeof(value));
+}
+
+bool llama_turboq_read_type(llama_io_read_i & io, ggml_type type, uint32_t il, int32_t & type_ref) {
+    io.read(&type_ref, sizeof(type_ref));
+    const bool marked = type_ref == SIGN_MARK;
+    uint64_t saved = 0;
+    if (marked) {
+        io.read(&saved, sizeof(saved));
+        io.read(&type_ref, sizeof(type_ref));
+    }
+    if (!ggml_is_turboq(type) || type_ref != (int32_t) type) {
+        return true; // not turboq here, or another type, which the caller reports
+    }
+    const char * seed = ggml_turboq_sign_seed();
+    const uint64_t value = seed ? std::strtoull(seed, nullptr, 10) : 0;
+    if (marked != (seed != nullptr) || saved != value) {
+        LLAMA_LOG_ERROR("%s: layer %u: the state's %s rows were written with %s, and this build has %s (a debug build "
+                        "option): they would read as noise\n", __func__, il, ggml_type_name(type),
+                        signs_text(marked, saved).c_str(), signs_text(seed != nullptr, value).c_str());
+        return false;
+    }
+    return true;
 }
 
 void llama_turboq_set_calibrating(bool on) {

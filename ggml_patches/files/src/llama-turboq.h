@@ -22,6 +22,9 @@
 #include <cstdint>
 #include <vector>
 
+class llama_io_write_i;
+class llama_io_read_i;
+
 struct llama_turboq_layer_types {
     ggml_type type_k;
     ggml_type type_v;
@@ -63,15 +66,24 @@ void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t 
 void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k,
                                     uint32_t n_embd_head_v, bool v_trans);
 
-// ---- TURBOQ_SIGN_SEED (other rotation signs on the CPU backend; debug) ----
+// ---- a seeded build (PYTURBO_SIGN_SEED: other rotation signs for every backend; debug) ----
 
-// ggml-base's, declared in ggml/src/ggml-turboq.h (not a public header): the seed's text, or NULL
+// ggml-base's, declared in ggml/src/ggml-turboq.h (not a public header): the build's seed as
+// text, or NULL for the shipped signs
 extern "C" const char * ggml_turboq_sign_seed(void);
 
-// throws std::runtime_error when the switch is on and layer il, with a turboq cache, runs on another
-// device (GPU, RPC), whose kernels keep the built-in signs: with its cache there, or kept on the CPU
-// (--no-kv-offload), its turboq ops would mix both signs and read as noise
+// throws std::runtime_error when this build is seeded and layer il, with a turboq cache, runs on
+// an RPC server, whose build may draw other signs: its turboq ops (with the cache there, or kept
+// here by --no-kv-offload) would then mix both and read as noise
 void llama_turboq_check_sign_seed(const llama_turboq_layer_types & lt, ggml_backend_dev_t layer_dev, uint32_t il);
+
+// state: a seeded build writes a mark (a magic and its seed) where a turboq layer's K or V type
+// goes, and nothing otherwise, so that the shipped format stays as it was
+void llama_turboq_write_sign_mark(llama_io_write_i & io, ggml_type type);
+
+// reads a layer's K or V type into type_ref, after the mark if there is one; false with an error
+// logged when the layer is turboq and the state's signs (its mark, or none) are not this build's
+bool llama_turboq_read_type(llama_io_read_i & io, ggml_type type, uint32_t il, int32_t & type_ref);
 
 // the K-centering calibration (llama-turboq-center.cpp) builds a plain f16 context: while it runs
 // on this thread, llama_turboq_layer_adaptive_mode is 0

@@ -31,58 +31,25 @@
 #include "ggml-impl.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 static_assert(QK_TURBOQ == TURBOQ_GROUP, "turboq block and rotation group must match");
 
-// The rotation signs. TURBOQ_SIGN_SEED=<n> draws others (splitmix64 from seed n, as
-// pyturbo/lab/codebook.py does) on the CPU backend only: an experiment knob for measuring how much
-// a result depends on the particular rotation. Caches written under one seed read as noise under
-// another, and the GPU backends always use the built-in signs, so llama refuses a turboq cache on
-// another backend and state I/O while it is on (ggml_turboq_sign_seed tells it).
-static float turboq_sign1_seeded[TURBOQ_GROUP];
-static float turboq_sign2_seeded[TURBOQ_GROUP];
-static const float * turboq_s1 = turboq_sign1;
-static const float * turboq_s2 = turboq_sign2;
-static char turboq_seed_text[32];
-
-#if defined(__GNUC__)
-__attribute__((constructor))
-#endif
-static void turboq_signs_from_env(void) {
-    const char * env = getenv("TURBOQ_SIGN_SEED");
-    if (env == NULL || *env == '\0') {
-        return;
-    }
-    uint64_t state = strtoull(env, NULL, 0);
-    for (int i = 0; i < 2*TURBOQ_GROUP; ++i) {
-        state += 0x9E3779B97F4A7C15ull;
-        uint64_t z = state;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z = z ^ (z >> 31);
-        const float s = (z & 1) ? -1.0f : 1.0f;
-        if (i < TURBOQ_GROUP) {
-            turboq_sign1_seeded[i] = s;
-        } else {
-            turboq_sign2_seeded[i - TURBOQ_GROUP] = s;
-        }
-    }
-    turboq_s1 = turboq_sign1_seeded;
-    turboq_s2 = turboq_sign2_seeded;
-    snprintf(turboq_seed_text, sizeof(turboq_seed_text), "%s", env);
-}
-
+// The rotation signs are the generated tables'. A build configured with PYTURBO_SIGN_SEED (a debug
+// option, for measuring how much a result depends on the rotation draw) compiles other signs into
+// those tables, for every backend alike, and names its seed there; llama records it in saved state.
 const char * ggml_turboq_sign_seed(void) {
-    return turboq_s1 == turboq_sign1 ? NULL : turboq_seed_text;
+#ifdef TURBOQ_SIGN_SEED_BUILD
+    return TURBOQ_SIGN_SEED_BUILD;
+#else
+    return NULL;
+#endif
 }
 
 void ggml_turboq_signs(const float ** s1, const float ** s2) {
-    *s1 = turboq_s1;
-    *s2 = turboq_s2;
+    *s1 = turboq_sign1;
+    *s2 = turboq_sign2;
 }
 
 // ---- decoding: the index unpacking of each layout (packing: ggml-turboq-encode.h) ----
@@ -136,7 +103,7 @@ static void turboq_dequantize_row(enum ggml_type type, const void * GGML_RESTRIC
     for (int64_t ib = 0; ib < k / TURBOQ_GROUP; ++ib) {
         float * out = y + ib * TURBOQ_GROUP;
         const float norm = ggml_turboq_decode_rotated(type, (const char *) x + ib * block_bytes, out);
-        turboq_unrotate_group_with(&turboq_generic_steps, out, norm, turboq_s1, turboq_s2);
+        turboq_unrotate_group_with(&turboq_generic_steps, out, norm, turboq_sign1, turboq_sign2);
     }
 }
 

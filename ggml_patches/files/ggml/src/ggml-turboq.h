@@ -27,10 +27,11 @@ GGML_API size_t quantize_turboq3_0(const float * GGML_RESTRICT src, void * GGML_
 GGML_API size_t quantize_turboq4_0(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
 GGML_API size_t quantize_turboq8_0(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
 
-// The TURBOQ_SIGN_SEED debug switch in effect (other rotation signs, CPU backend only), or NULL.
+// The seed of a build configured with PYTURBO_SIGN_SEED (a debug option: other rotation signs, for
+// every backend of that build), as text, or NULL for the shipped signs.
 GGML_API const char * ggml_turboq_sign_seed(void);
 
-// The rotation's signs D1 (s1) and D2 (s2), 128 values each: the built-in ones, or TURBOQ_SIGN_SEED's.
+// The rotation's signs D1 (s1) and D2 (s2), 128 values each: the generated tables'.
 GGML_API void ggml_turboq_signs(const float ** s1, const float ** s2);
 
 // Rotated-domain decode of one block: out[i] = centroid[idx_i] (unscaled); returns the block norm.
