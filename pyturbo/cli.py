@@ -61,6 +61,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     except (OSError, AttributeError) as e:
         report["rotation_signs"] = f"libggml-base not loadable: {e}"
         seed = None
+        ok = False
     try:
         from . import codec
         from .lab import reference
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError, ImportError) as e:
-        # bad input (a type name, a model path, a missing extra): the reason, not a traceback
+    except (ValueError, OSError, ImportError) as e:
+        # bad input (a type name, a model path, a missing extra), missing data, a failed download:
+        # the reason, not a traceback
         ap.exit(2, f"pyturbo {args.command}: {e}\n")

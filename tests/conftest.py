@@ -20,7 +20,10 @@ def fetched_data() -> dict[str, Path]:
     """The real data (the models, botchan.txt), downloaded once before the first test: pyturbo's
     library code finds it and never downloads (`python -m pyturbo fetch` does)."""
     from pyturbo import fetch
-    return fetch.fetch()
+    try:
+        return fetch.fetch()
+    except fetch.FetchError as e:
+        pytest.exit(f"the tests need the real data, and fetching it failed: {e}", returncode=3)
 
 
 @pytest.fixture(scope="session")
@@ -36,15 +39,18 @@ def seeded_build(build_info) -> tuple[Path, str]:
     """(bin dir, seed) of scripts/build_seeded.sh's build, whose rotation signs come from
     PYTURBO_SIGN_SEED; missing, the test skips, except under CI=true, where it fails."""
     import os
+
+    from pyturbo.lab.signs import parse_seed
     path = _paths.build_dirs()["PYTURBO_SEEDED_BUILD_DIR"]
     info = path / "pyturbo-build.json"
     seed = json.loads(info.read_text()).get("sign_seed", "") if info.exists() else ""
-    if not seed or not (path / "bin" / _paths.library_file("llama")).exists():
+    needed = [path / "bin" / name for name in (_paths.library_file("llama"), "llama-perplexity", "ggml-rpc-server")]
+    if not seed or not all(p.exists() for p in needed):
         msg = f"no seeded build at {path}: run `bash scripts/build_seeded.sh`"
         if os.environ.get("CI") == "true":
             pytest.fail(msg)
         pytest.skip(msg)
-    return path / "bin", seed
+    return path / "bin", str(parse_seed(seed))  # as the library spells it
 
 
 @pytest.fixture(scope="session")

@@ -339,7 +339,8 @@ def test_library_code_never_downloads(tmp_path, monkeypatch):
     def no_pip(*a, **k):
         raise AssertionError(f"a download: {a}")
 
-    monkeypatch.setattr(subprocess, "run", no_pip)
+    monkeypatch.setattr(subprocess, "Popen", no_pip)  # subprocess.run too
+    monkeypatch.setattr("urllib.request.urlopen", no_pip)
     for fn, name in ((data.default_model, "gemma3-270m"), (data.smollm2_model, "smollm2-135m"), (data.corpus, "botchan")):
         with pytest.raises(data.DataNotFetched, match=f"`python -m pyturbo fetch {name}`"):
             fn()

@@ -116,7 +116,8 @@ def test_a_seeded_build_refuses_turboq_layers_on_rpc(rpc_endpoints, seeded_build
     """A build with other rotation signs (cmake -DPYTURBO_SIGN_SEED, a debug option) cannot know
     an RPC server's signs, so a turboq context with a layer there is refused, naming the option
     and the device, whether its cache is there or kept here (--no-kv-offload: measured, its turboq
-    ops then mix both signs). On its own devices the seeded build works, with another result."""
+    ops then mix both signs), and its own rpc-server does not start (a shipped client's cache would
+    be noise there). On its own devices the seeded build works, with another result."""
     path, text = data.tiny_model(head_dim=128, n_layer=4), data.corpus_slice(12000)
     shipped = perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=1)
     bin_dir, seed = seeded_build
@@ -127,3 +128,6 @@ def test_a_seeded_build_refuses_turboq_layers_on_rpc(rpc_endpoints, seeded_build
             perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=1, extra=extra)
     seeded = perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=1)
     assert seeded.ppl > 0 and seeded.ppl != shipped.ppl  # other signs, another (valid) result
+    r = subprocess.run([str(bin_dir / "ggml-rpc-server"), "--port", str(free_port())], capture_output=True, text=True,
+                       env=tool_env(libs=bin_dir), timeout=30, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0 and f"PYTURBO_SIGN_SEED={seed} (a debug build option)" in r.stderr, r.stderr

@@ -16,7 +16,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ..lab.codebook import D, SIGN_SEED, codebooks, splitmix64, thresholds
+from ..lab.codebook import D, SIGN_SEED, codebooks, thresholds
+from ..lab.signs import sign_lists
 from ..types import CacheType, cache_type
 
 FLOAT_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -47,9 +48,9 @@ _sign_seed = SIGN_SEED
 
 @contextlib.contextmanager
 def rotation_seed(seed: int) -> Iterator[None]:
-    """Encode and decode with the signs of another splitmix64 seed (codebook.rotation_signs'
-    rule), for measuring how much a result moves with the rotation draw. Blocks written under
-    another seed are not the C codec's."""
+    """Encode and decode with the signs of another seed (pyturbo.lab.signs' rule), for measuring
+    how much a result moves with the rotation draw; they match a C build configured with
+    -DPYTURBO_SIGN_SEED=<seed>, not the shipped one."""
     global _sign_seed
     old, _sign_seed = _sign_seed, seed
     try:
@@ -64,9 +65,8 @@ def _tables(name: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor,
 
 @lru_cache(maxsize=None)
 def _signs(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    bits = np.array([v & 1 for v in splitmix64(seed, 2 * D)])
-    signs = torch.from_numpy(np.where(bits == 1, -1.0, 1.0).astype(np.float32))
-    return signs[:D].clone(), signs[D:].clone()
+    s1, s2 = sign_lists(seed)
+    return torch.tensor(s1, dtype=torch.float32), torch.tensor(s2, dtype=torch.float32)
 
 
 @lru_cache(maxsize=None)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .._paths import REPO_ROOT
 from . import signs as _signs
-from .signs import D, SIGN_SEED, splitmix64  # noqa: F401 (the lab and hf/ import them from here)
+from .signs import D, SIGN_SEED  # noqa: F401 (the lab and hf/ import them from here)
 
 LLOYD_MAX_BITS = (2, 3, 4)
 GRID8_LEVELS = 256

@@ -24,7 +24,8 @@ import numpy as np
 
 from .._paths import cache_dir
 from . import reference as ref
-from .codebook import D, SIGN_SEED, codebooks, lloyd_max, splitmix64, thresholds
+from .codebook import D, codebooks, lloyd_max, thresholds
+from .signs import sign_lists
 
 GGML_MAX_DIMS = 4
 GGML_MAX_OP_PARAMS = 64
@@ -128,13 +129,12 @@ def load(path: Path) -> list[dict[str, np.ndarray]]:
 
 @lru_cache(maxsize=None)
 def rotation(kind: str = "wht", seed: int | None = None, d: int = D) -> np.ndarray:
-    """Orthogonal R [128,128] with y = R x: the randomized WHT (signs from splitmix64, as
-    pyturbo.lab.codebook; seed None = the shipped signs), or RotorQuant's block rotations:
+    """Orthogonal R [128,128] with y = R x: the randomized WHT (signs from pyturbo.lab.signs;
+    seed None = the shipped signs), or RotorQuant's block rotations:
     "planar" (random 2-D Givens rotations of pairs) and "iso" (random 4-D rotations, the
     quaternion blocks)."""
     if kind == "wht":
-        bits = [b & 1 for b in splitmix64(SIGN_SEED if seed is None else seed, 2 * D)]
-        s = np.where(np.array(bits) == 1, -1.0, 1.0)
+        s = np.concatenate(sign_lists(seed))
         h = np.array([[1.0]])
         while h.shape[0] < d:
             h = np.block([[h, h], [h, -h]])

@@ -274,6 +274,13 @@ bool is_rpc(ggml_backend_dev_t dev) {
     return name != nullptr && std::strncmp(name, "RPC", 3) == 0;
 }
 
+// this build's seed (0 and false for the shipped signs)
+bool build_seed(uint64_t & seed) {
+    const char * text = ggml_turboq_sign_seed();
+    seed = text ? std::strtoull(text, nullptr, 10) : 0;
+    return text != nullptr;
+}
+
 std::string signs_text(bool marked, uint64_t seed) {
     return marked ? "rotation signs from PYTURBO_SIGN_SEED=" + std::to_string(seed) : "the shipped rotation signs";
 }
@@ -297,11 +304,10 @@ void llama_turboq_check_sign_seed(const llama_turboq_layer_types & lt, ggml_back
 }
 
 void llama_turboq_write_sign_mark(llama_io_write_i & io, ggml_type type) {
-    const char * seed = ggml_turboq_sign_seed();
-    if (seed == nullptr || !ggml_is_turboq(type)) {
+    uint64_t value = 0;
+    if (!build_seed(value) || !ggml_is_turboq(type)) {
         return;
     }
-    const uint64_t value = std::strtoull(seed, nullptr, 10);
     io.write(&SIGN_MARK, sizeof(SIGN_MARK));
     io.write(&value, sizeof(value));
 }
@@ -317,12 +323,12 @@ bool llama_turboq_read_type(llama_io_read_i & io, ggml_type type, uint32_t il, i
     if (!ggml_is_turboq(type) || type_ref != (int32_t) type) {
         return true; // not turboq here, or another type, which the caller reports
     }
-    const char * seed = ggml_turboq_sign_seed();
-    const uint64_t value = seed ? std::strtoull(seed, nullptr, 10) : 0;
-    if (marked != (seed != nullptr) || saved != value) {
+    uint64_t value = 0;
+    const bool seeded = build_seed(value);
+    if (marked != seeded || saved != value) {
         LLAMA_LOG_ERROR("%s: layer %u: the state's %s rows were written with %s, and this build has %s (a debug build "
                         "option): they would read as noise\n", __func__, il, ggml_type_name(type),
-                        signs_text(marked, saved).c_str(), signs_text(seed != nullptr, value).c_str());
+                        signs_text(marked, saved).c_str(), signs_text(seeded, value).c_str());
         return false;
     }
     return true;
