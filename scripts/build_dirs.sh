@@ -10,6 +10,16 @@
 : "${PYTURBO_AARCH64_BUILD_DIR:=build-aarch64}"    # scripts/build_portable.sh, for tests/test_portable_kernels.py
 : "${PYTURBO_SCALAR_BUILD_DIR:=build-scalar}"      # the same, x86 without AVX2/FMA
 
+# -DCMAKE_C_COMPILER/-DCMAKE_CXX_COMPILER for a new CPU build dir: the compilers that `pip install .`
+# (scikit-build-core) configures the same build dir with ($CC/$CXX, else Python's own), so that a
+# later pip install does not rebuild every object under other names, which ccache would all miss
+compiler_args() {
+    python3 -c 'import os, shlex, shutil, sysconfig
+for lang, var, default in (("C", "CC", "cc"), ("CXX", "CXX", "c++")):
+    name = shlex.split(os.environ.get(var) or sysconfig.get_config_var(var) or default)[0]
+    print(f"-DCMAKE_{lang}_COMPILER={shutil.which(name) or name}")'
+}
+
 # the patched llama.cpp tree that the main build prepared (its pyturbo-build.json says where)
 patched_upstream() {
     python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["upstream_src"])' "$PYTURBO_BUILD_DIR/pyturbo-build.json"
