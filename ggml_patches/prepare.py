@@ -4,8 +4,9 @@
 Steps: fetch the pinned llama-cpp-python sdist (cached), check its sha256,
 extract vendor/llama.cpp, copy ggml_patches/files/ over it, apply the series with
 `git apply`; with --sign-seed N (CMake's PYTURBO_SIGN_SEED, a debug option), swap the rotation
-signs of the generated tables for seed N's (pyturbo/lab/signs.py). The result is synced into --dest file by file, so an unchanged file keeps
-its mtime and a rebuild after a patch edit recompiles only what the patch touched.
+signs of the generated tables for seed N's (pyturbo/lab/signs.py). The result is synced into
+--dest file by file, so an unchanged file keeps its mtime and a rebuild after a patch edit
+recompiles only what the patch touched.
 """
 from __future__ import annotations
 

@@ -95,6 +95,12 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def cmd_fetch(args: argparse.Namespace) -> None:
+    from .fetch import fetch
+    for path in fetch(args.names).values():
+        print(path)
+
+
 def cmd_perplexity(args: argparse.Namespace) -> None:
     from .types import cache_type
 
@@ -179,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=lambda a: __import__("pyturbo.lab.kvlab", fromlist=["main"]).main(a))
     p = sub.add_parser("fetch", help="download the real data once: the models and botchan.txt (default: all)")
     p.add_argument("names", nargs="*", metavar="NAME", help=f"any of: {', '.join(data.FETCHED)}")
-    p.set_defaults(func=lambda a: [print(path) for path in __import__("pyturbo.fetch", fromlist=["fetch"]).fetch(a.names).values()])
+    p.set_defaults(func=cmd_fetch)
     p = sub.add_parser("model-path", help="print the path of the bundled default model (after `pyturbo fetch`)")
     p.set_defaults(func=lambda a: print(data.default_model()))
     p = sub.add_parser("corpus-path", help="print the path of botchan.txt (after `pyturbo fetch`)")

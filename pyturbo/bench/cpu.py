@@ -38,10 +38,14 @@ OPTIONS = {"uncentered": {"TURBOQ_K_CENTER": "0"},  # K centering (and its chann
            "onerow": {"TURBOQ_FA_TILED": "0"}}       # CPU flash attention without the quantized tiled path
 
 
+# ':tailW' / ':sinkS': the last W / first S positions of each sequence read exact (debug switches)
+EXACT_ROWS = {"tail": "TURBOQ_EXACT_TAIL", "sink": "TURBOQ_EXACT_SINK"}
+
+
 def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
     """'t' (K = V = t) or 'k/v', then any of ':N' (a TURBO_LAYER_ADAPTIVE mode), ':uncentered'
-    (TURBOQ_K_CENTER=0), ':unscaled' (TURBOQ_K_BALANCE=0), ':onerow' (TURBOQ_FA_TILED=0):
-    (label, K, V, environment)."""
+    (TURBOQ_K_CENTER=0), ':unscaled' (TURBOQ_K_BALANCE=0), ':onerow' (TURBOQ_FA_TILED=0),
+    ':tailW' (TURBOQ_EXACT_TAIL=W), ':sinkS' (TURBOQ_EXACT_SINK=S): (label, K, V, environment)."""
     spec, *opts = c.split(":")
     k, _, v = spec.partition("/")
     v = v or k
@@ -51,20 +55,31 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
             env.update(OPTIONS[opt])
         elif opt.isdigit():
             env["TURBO_LAYER_ADAPTIVE"] = opt
+        elif opt[:4] in EXACT_ROWS and opt[4:].isdigit() and int(opt[4:]) > 0:
+            env[EXACT_ROWS[opt[:4]]] = opt[4:]
         else:
-            raise SystemExit(f"{c}: unknown option {opt!r} (a layer mode number, or one of {', '.join(OPTIONS)})")
+            raise SystemExit(f"{c}: unknown option {opt!r} (a layer mode number, tailW, sinkS, or one of "
+                             f"{', '.join(OPTIONS)})")
     return c, k, v, env
 
 
-def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str]) -> float:
+def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int) -> float:
     """Bits per value of K and V together; for a mode that ranks layers by K gain (3), its
-    n_layer // k_gain_div boundary layers carry the boundary K type (the C table's)."""
-    bk, bv = cache_type(k).bpw, cache_type(v).bpw
+    n_layer // k_gain_div boundary layers carry the boundary K type (the C table's). W + S exact
+    positions (a tail and sinks) count as that many of the context's ctx positions held in f16
+    instead of the type (a token is quantized as it leaves the window), as the K/V lab counts it."""
+    tail = min(sum(int(env.get(v) or 0) for v in EXACT_ROWS.values()), ctx)
+
+    def bpw(t: str) -> float:
+        b = cache_type(t).bpw
+        return b + (16 - b) * tail / ctx
+
+    bk, bv = bpw(k), bpw(v)
     mode = int(env.get("TURBO_LAYER_ADAPTIVE") or 0)
     policy = policies().get(mode)
     if policy is not None and policy.k_gain_div and policy.v_boundary is None and policy.v_other is None:
         n = max(1, model_layers // policy.k_gain_div)
-        bk = ((model_layers - n) * bk + n * cache_type(policy.k_boundary or k).bpw) / model_layers
+        bk = ((model_layers - n) * bk + n * bpw(policy.k_boundary or k)) / model_layers
     elif mode:
         return float("nan")
     return (bk + bv) / 2
@@ -82,6 +97,10 @@ def quality(args: argparse.Namespace) -> None:
               "at Gemma's vocabulary (in a temporary directory)", file=sys.stderr, flush=True)
     from tqdm import tqdm
 
+    # a tail reads exact only the rows of the ubatch at hand, so a run that measures one takes each
+    # batch in one ubatch (every configuration of it, the f16 base included, the same way)
+    ubatch = ("-ub", str(batch)) if any(set(parse_config(c)[3]) & set(EXACT_ROWS.values()) for c in args.types) else ()
+
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         base = Path(tmp) / "f16.kld"
         rows = []
@@ -89,15 +108,17 @@ def quality(args: argparse.Namespace) -> None:
             bar.set_postfix_str(c)
             label, k, v, env = parse_config(c)
             r = llama_perplexity(model, text, k, v, ctx=args.ctx, batch=batch, chunks=chunks, threads=args.threads,
-                                 kld_base=base, write_base=(c == "f16"), env=env, timeout=6 * 3600)
-            rows.append((label, config_bpw(kv_geometry(model).n_layer, k, v, env), r))
+                                 kld_base=base, write_base=(c == "f16"), env=env, timeout=6 * 3600, extra=ubatch)
+            rows.append((label, config_bpw(kv_geometry(model).n_layer, k, v, env, args.ctx), r))
             tqdm.write(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} median {r.kld_median} p99.9 {r.kld_p999} "
                        f"KV {r.kv_mib:.2f} MiB", file=sys.stderr)
     f16_kv = rows[0][2].kv_mib
     q4 = next((r for label, _, r in rows if label == "q4_0"), None)
     print(f"\n{model.name}, {text.name}, c={args.ctx} (-b {batch}), {chunks} chunk(s) (the second half of each "
           "scored), -fa on; KLD against the f16 cache; K/V, ':N' = TURBO_LAYER_ADAPTIVE=N, ':uncentered' = "
-          "TURBOQ_K_CENTER=0, ':unscaled' = TURBOQ_K_BALANCE=0\n")
+          "TURBOQ_K_CENTER=0, ':unscaled' = TURBOQ_K_BALANCE=0" +
+          (f", ':tailW'/':sinkS' = TURBOQ_EXACT_TAIL=W/TURBOQ_EXACT_SINK=S (-ub {batch}; KV MiB without "
+           "those f16 rows, bpw with them)" if ubatch else "") + "\n")
     print("| K/V | bpw | PPL | mean KLD | mean vs q4_0 | median KLD | p99.9 KLD | p99.9 vs q4_0 | same top token | KV MiB | KV vs f16 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
 
@@ -191,7 +212,7 @@ def add_parsers(sub) -> None:
     q.add_argument("--plot", help="PNG of KLD against bits per value with the Pareto front (default: "
                                   "bench-out/quality-MODEL-TEXT-cCTX.png; 'none': no plot)")
     q.add_argument("--types", nargs="+", default=QUALITY_TYPES,
-                   help="'t', 'k/v', plus ':N' (TURBO_LAYER_ADAPTIVE), ':uncentered', ':unscaled' or ':onerow'")
+                   help="'t', 'k/v', plus ':N' (TURBO_LAYER_ADAPTIVE), ':uncentered', ':unscaled', '':onerow', ':tailW' or ':sinkS'")
     q.set_defaults(func=quality)
     s = sub.add_parser("speed", help="llama-bench prompt and generation speed vs f16, interleaved rounds")
     s.add_argument("--threads", type=int, default=1)

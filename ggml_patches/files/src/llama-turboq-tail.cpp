@@ -1,0 +1,121 @@
+#include "llama-turboq-tail.h"
+
+#include "llama-batch.h"
+#include "llama-impl.h"
+
+#include "ggml-backend.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+static int32_t env_positions(const char * name, const char * what) {
+    const char * s = getenv(name);
+    const int32_t n = s ? atoi(s) : 0;
+    if (n > 0) {
+        LLAMA_LOG_WARN("%s=%d: %s %d positions of each sequence are read exact within a ubatch "
+                       "(a debug measurement; slow)\n", name, n, what, n);
+    }
+    return n > 0 ? n : 0;
+}
+
+int32_t llama_turboq_exact_tail() {
+    static const int32_t w = env_positions("TURBOQ_EXACT_TAIL", "the last");
+    return w;
+}
+
+int32_t llama_turboq_exact_sink() {
+    static const int32_t n = env_positions("TURBOQ_EXACT_SINK", "the first");
+    return n;
+}
+
+static bool exact_rows_on() {
+    return llama_turboq_exact_tail() > 0 || llama_turboq_exact_sink() > 0;
+}
+
+ggml_tensor * llama_turboq_tail_new_mask(ggml_context * ctx, const ggml_tensor * kq_mask) {
+    if (!exact_rows_on() || kq_mask == nullptr || kq_mask->ne[3] != 1) {
+        return nullptr;
+    }
+    const int64_t n_kv     = kq_mask->ne[0];
+    const int64_t n_tokens = kq_mask->ne[1];
+    ggml_tensor * res = ggml_new_tensor_4d(ctx, kq_mask->type, n_kv + n_tokens, n_tokens, 1, 1);
+    ggml_set_input(res);
+    ggml_set_name(res, "attn_inp_kq_mask_turboq_tail");
+    return res;
+}
+
+static float mask_get(const ggml_tensor * t, int64_t i0, int64_t i1) {
+    const char * p = (const char *) t->data + i1*t->nb[1] + i0*t->nb[0];
+    return t->type == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *) p) : *(const float *) p;
+}
+
+static void mask_set(ggml_tensor * t, int64_t i0, int64_t i1, float x) {
+    char * p = (char *) t->data + i1*t->nb[1] + i0*t->nb[0];
+    if (t->type == GGML_TYPE_F16) {
+        *(ggml_fp16_t *) p = ggml_fp32_to_fp16(x);
+    } else {
+        *(float *) p = x;
+    }
+}
+
+void llama_turboq_tail_set_mask(ggml_tensor * dst, const ggml_tensor * kq_mask_desc, const ggml_tensor * k_idxs,
+                                const llama_ubatch * ubatch, const std::function<void(ggml_tensor *)> & fill_mask) {
+    GGML_ASSERT(ggml_backend_buffer_is_host(dst->buffer));
+    GGML_ASSERT(dst->type == kq_mask_desc->type && (dst->type == GGML_TYPE_F16 || dst->type == GGML_TYPE_F32));
+    GGML_ASSERT(ggml_is_contiguous(kq_mask_desc));
+
+    // the base mask into host memory of our own, through a copy of its descriptor
+    std::vector<uint8_t> scratch(ggml_nbytes(kq_mask_desc));
+    ggml_tensor base = *kq_mask_desc;
+    base.data   = scratch.data();
+    base.buffer = dst->buffer;
+    base.view_src = nullptr;
+    fill_mask(&base);
+    const ggml_tensor * kq_mask = &base;
+
+    const int64_t n_kv     = kq_mask->ne[0];
+    const int64_t n_tokens = kq_mask->ne[1];
+    GGML_ASSERT(dst->ne[0] == n_kv + n_tokens && dst->ne[1] == n_tokens && (int64_t) ubatch->n_tokens == n_tokens);
+
+    // the cell each ubatch row went to; a row stored outside the view (another stream's offset) or
+    // without idxs keeps only its stored copy
+    std::vector<int64_t> cell(n_tokens, -1);
+    if (k_idxs && k_idxs->buffer && ggml_backend_buffer_is_host(k_idxs->buffer) && k_idxs->ne[0] == n_tokens) {
+        const int64_t * idx = (const int64_t *) k_idxs->data;
+        for (int64_t j = 0; j < n_tokens; ++j) {
+            cell[j] = idx[j] < n_kv ? idx[j] : -1;
+        }
+    }
+
+    const int64_t w    = llama_turboq_exact_tail();
+    const int64_t sink = llama_turboq_exact_sink();
+    for (int64_t i = 0; i < n_tokens; ++i) {
+        for (int64_t c = 0; c < n_kv; ++c) {
+            mask_set(dst, c, i, mask_get(kq_mask, c, i));
+        }
+        for (int64_t j = 0; j < n_tokens; ++j) {
+            const int64_t d = (int64_t) ubatch->pos[i] - ubatch->pos[j];
+            float m = -INFINITY;
+            if (cell[j] >= 0 && ((d >= 0 && d < w) || ubatch->pos[j] < sink)) {
+                m = mask_get(kq_mask, cell[j], i);  // visible to this query (sequence, causality, SWA)?
+                if (m != -INFINITY) {
+                    mask_set(dst, cell[j], i, -INFINITY);
+                }
+            }
+            mask_set(dst, n_kv + j, i, m);
+        }
+    }
+}
+
+bool llama_turboq_tail_layer(const ggml_tensor * k, const ggml_tensor * v) {
+    return exact_rows_on() && k && v && k->ne[3] == 1 && v->ne[3] == 1 &&
+           (ggml_is_quantized(k->type) || ggml_is_quantized(v->type));
+}
+
+ggml_tensor * llama_turboq_tail_concat(ggml_context * ctx, ggml_tensor * cache_view, ggml_tensor * cur) {
+    ggml_tensor * stored = ggml_cast(ctx, cache_view, GGML_TYPE_F16);
+    ggml_tensor * exact  = ggml_cast(ctx, cur, GGML_TYPE_F16);
+    exact = ggml_reshape_4d(ctx, exact, stored->ne[0], stored->ne[1], ggml_nelements(exact)/(stored->ne[0]*stored->ne[1]), 1);
+    return ggml_concat(ctx, stored, exact, 2);
+}
