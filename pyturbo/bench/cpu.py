@@ -68,7 +68,7 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int)
     n_layer // k_gain_div boundary layers carry the boundary K type (the C table's). W + S exact
     positions (a tail and sinks) count as that many of the context's ctx positions held in f16
     instead of the type (a token is quantized as it leaves the window), as the K/V lab counts it."""
-    tail = min(sum(int(env.get(v) or 0) for v in EXACT_ROWS.values()), ctx)
+    tail = min(sum(int(env.get(var) or 0) for var in EXACT_ROWS.values()), ctx)
 
     def bpw(t: str) -> float:
         b = cache_type(t).bpw
@@ -212,7 +212,7 @@ def add_parsers(sub) -> None:
     q.add_argument("--plot", help="PNG of KLD against bits per value with the Pareto front (default: "
                                   "bench-out/quality-MODEL-TEXT-cCTX.png; 'none': no plot)")
     q.add_argument("--types", nargs="+", default=QUALITY_TYPES,
-                   help="'t', 'k/v', plus ':N' (TURBO_LAYER_ADAPTIVE), ':uncentered', ':unscaled', '':onerow', ':tailW' or ':sinkS'")
+                   help="'t', 'k/v', plus ':N' (TURBO_LAYER_ADAPTIVE), ':uncentered', ':unscaled', ':onerow', ':tailW' or ':sinkS'")
     q.set_defaults(func=quality)
     s = sub.add_parser("speed", help="llama-bench prompt and generation speed vs f16, interleaved rounds")
     s.add_argument("--threads", type=int, default=1)

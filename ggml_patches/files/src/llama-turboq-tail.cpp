@@ -6,15 +6,18 @@
 #include "ggml-backend.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <vector>
 
 static int32_t env_positions(const char * name, const char * what) {
     const char * s = getenv(name);
     const int32_t n = s ? atoi(s) : 0;
     if (n > 0) {
-        LLAMA_LOG_WARN("%s=%d: %s %d positions of each sequence are read exact within a ubatch "
-                       "(a debug measurement; slow)\n", name, n, what, n);
+        // stderr, not the log: the first read may come while llama.cpp's memory fit has the log muted
+        fprintf(stderr, "%s=%d: %s %d positions of each sequence are read exact within a ubatch "
+                        "(a debug measurement; slow)\n", name, n, what, n);
     }
     return n > 0 ? n : 0;
 }
@@ -34,7 +37,17 @@ static bool exact_rows_on() {
 }
 
 ggml_tensor * llama_turboq_tail_new_mask(ggml_context * ctx, const ggml_tensor * kq_mask) {
-    if (!exact_rows_on() || kq_mask == nullptr || kq_mask->ne[3] != 1) {
+    if (!exact_rows_on() || kq_mask == nullptr) {
+        return nullptr;
+    }
+    // flash attention only (its mask is F16; without it V is stored transposed), one stream only
+    if (kq_mask->type != GGML_TYPE_F16 || kq_mask->ne[3] != 1) {
+        static bool warned = false;
+        if (!warned) {
+            warned = true;
+            fprintf(stderr, "%s: exact rows need flash attention and a cache with one stream; "
+                            "every row is read as stored\n", __func__);
+        }
         return nullptr;
     }
     const int64_t n_kv     = kq_mask->ne[0];
@@ -85,6 +98,15 @@ void llama_turboq_tail_set_mask(ggml_tensor * dst, const ggml_tensor * kq_mask_d
         const int64_t * idx = (const int64_t *) k_idxs->data;
         for (int64_t j = 0; j < n_tokens; ++j) {
             cell[j] = idx[j] < n_kv ? idx[j] : -1;
+        }
+    }
+
+    if (n_tokens > 0 && std::count(cell.begin(), cell.end(), -1) == n_tokens) {
+        static bool warned = false;
+        if (!warned) {
+            warned = true;
+            fprintf(stderr, "%s: the ubatch's rows are outside the cache's view (a stream other than the "
+                            "first); they are read as stored\n", __func__);
         }
     }
 

@@ -10,9 +10,11 @@
 // its window that came in an earlier ubatch as stored: with one ubatch per chunk (perplexity with
 // -b = -ub = -c) every window is exact, and at decode only the query's own row is. It applies to
 // layers whose K or V is quantized (any type, so that q4_0 can be measured with the same window)
-// in a cache with one stream. Each such layer attends over an f16 copy of its cache (dequantized per
-// graph) followed by the ubatch's own rows, under a mask that hides a windowed key's stored copy
-// and shows its exact one: slow and memory-hungry, a measurement, not a product path.
+// in a cache with one stream, with flash attention (elsewhere it warns once and reads every row as
+// stored), and not in hybrid (recurrent + attention) models. Each such layer attends over an f16
+// copy of its cache (dequantized per graph) followed by the ubatch's own rows, under a mask that
+// hides a windowed key's stored copy and shows its exact one: slow and memory-hungry, a
+// measurement, not a product path.
 
 #include "ggml.h"
 
@@ -29,7 +31,8 @@ int32_t llama_turboq_exact_tail();
 int32_t llama_turboq_exact_sink();
 
 // the mask for layers that read the window exact: [n_kv + n_tokens, n_tokens] of kq_mask's type;
-// nullptr when both switches are off or kq_mask has more than one stream
+// nullptr when both switches are off, kq_mask has more than one stream or is not flash
+// attention's (F16)
 ggml_tensor * llama_turboq_tail_new_mask(ggml_context * ctx, const ggml_tensor * kq_mask);
 
 // fills dst from the ubatch's kq_mask, which fill_mask writes into the tensor it is given (the
