@@ -1,7 +1,6 @@
 #include "llama-turboq-tail.h"
 
 #include "llama-batch.h"
-#include "llama-impl.h"
 
 #include "ggml-backend.h"
 
@@ -58,24 +57,19 @@ ggml_tensor * llama_turboq_tail_new_mask(ggml_context * ctx, const ggml_tensor *
     return res;
 }
 
+// the masks are F16: llama_turboq_tail_new_mask makes one only for flash attention's
 static float mask_get(const ggml_tensor * t, int64_t i0, int64_t i1) {
-    const char * p = (const char *) t->data + i1*t->nb[1] + i0*t->nb[0];
-    return t->type == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *) p) : *(const float *) p;
+    return ggml_fp16_to_fp32(*(const ggml_fp16_t *) ((const char *) t->data + i1*t->nb[1] + i0*t->nb[0]));
 }
 
 static void mask_set(ggml_tensor * t, int64_t i0, int64_t i1, float x) {
-    char * p = (char *) t->data + i1*t->nb[1] + i0*t->nb[0];
-    if (t->type == GGML_TYPE_F16) {
-        *(ggml_fp16_t *) p = ggml_fp32_to_fp16(x);
-    } else {
-        *(float *) p = x;
-    }
+    *(ggml_fp16_t *) ((char *) t->data + i1*t->nb[1] + i0*t->nb[0]) = ggml_fp32_to_fp16(x);
 }
 
 void llama_turboq_tail_set_mask(ggml_tensor * dst, const ggml_tensor * kq_mask_desc, const ggml_tensor * k_idxs,
                                 const llama_ubatch * ubatch, const std::function<void(ggml_tensor *)> & fill_mask) {
     GGML_ASSERT(ggml_backend_buffer_is_host(dst->buffer));
-    GGML_ASSERT(dst->type == kq_mask_desc->type && (dst->type == GGML_TYPE_F16 || dst->type == GGML_TYPE_F32));
+    GGML_ASSERT(dst->type == GGML_TYPE_F16 && kq_mask_desc->type == GGML_TYPE_F16);
     GGML_ASSERT(ggml_is_contiguous(kq_mask_desc));
 
     // the base mask into host memory of our own, through a copy of its descriptor
