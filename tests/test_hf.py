@@ -181,29 +181,37 @@ def test_memory_drops(gemma_lm):
     assert held["turboq3"] / held["dynamic"] < 0.1
 
 
+# Measured over these 95 positions: turboq8 mean KLD 0.0026 / 0.0020 and top-1 0.989 with torch's
+# AVX-512 / AVX2 kernels (ATEN_CPU_CAPABILITY), turboq4 0.584 / 0.579 and 0.747 / 0.737 (per position
+# up to 4 in the first 64 positions: a short context's attention leans on few keys)
+SKIP = 8
+LOGITS_TOLERANCES = (("turboq8", 0.01, 0.95), ("turboq4", 0.8, 0.6))
+
+
 def test_generation_with_the_cache_and_logits_close_to_f32(gemma_lm):
-    """Greedy decoding through TurboQuantCache; the logits of prefill and 8 decode steps against a
-    DynamicCache (f32 K/V). Tolerances: the measured turboq8 (KLD 0.0004, top-1 1.0) and turboq4
-    (KLD 0.060, top-1 0.875) errors with headroom; an encoder or layout bug gives KLD > 1."""
+    """Greedy decoding through TurboQuantCache, then the logits of that text, teacher-forced through
+    the cache, against a DynamicCache (f32 K/V) at every position past the first SKIP. KLD is averaged
+    over all those positions: over the 8 generated ones alone, one near-tie decided the mean, which
+    then moved by 35% between torch's AVX2 and AVX-512 kernels. Tolerances: the measured errors
+    (above LOGITS_TOLERANCES) with headroom."""
     from transformers import DynamicCache
 
     m = gemma_lm.model
     ids = prompt_ids(gemma_lm, 96)
     with torch.inference_mode():
-        ref = m.generate(ids, past_key_values=DynamicCache(config=m.config), max_new_tokens=8, do_sample=False,
-                         output_logits=True, return_dict_in_generate=True)
-        ref_logits = torch.cat(ref.logits).float()
-        for t, max_kld, min_top1 in (("turboq8", 0.01, 1.0), ("turboq4", 0.15, 0.75)):
-            cache = make_cache(gemma_lm, t, t)
-            # teacher-forced on the reference tokens, so that every step's logits compare like with like
-            out = m(input_ids=ref.sequences[:, :-1], past_key_values=cache, use_cache=True)
-            logits = out.logits[0, ids.shape[1] - 1:].float()
+        ref = m.generate(ids, past_key_values=DynamicCache(config=m.config), max_new_tokens=8, do_sample=False)
+        text = ref[:, :-1]
+        ref_logits = m(input_ids=text, past_key_values=DynamicCache(config=m.config), use_cache=True).logits
+        ref_logits = ref_logits[0, SKIP:].float()
+        for t, max_kld, min_top1 in LOGITS_TOLERANCES:
+            out = m(input_ids=text, past_key_values=make_cache(gemma_lm, t, t), use_cache=True)
+            logits = out.logits[0, SKIP:].float()
             p = torch.log_softmax(ref_logits, -1)
             q = torch.log_softmax(logits, -1)
             kld = float((p.exp() * (p - q)).sum(-1).mean())
             top1 = float((ref_logits.argmax(-1) == logits.argmax(-1)).float().mean())
-            print(f"{t}: mean KLD vs f32 cache {kld:.5f}, top-1 agreement {top1:.3f}")
-            assert kld < max_kld and top1 >= min_top1
+            print(f"{t}: mean KLD vs f32 cache {kld:.5f}, top-1 agreement {top1:.3f} over {len(logits)} positions")
+            assert kld < max_kld and top1 >= min_top1, (t, kld, top1)
         gen = m.generate(ids, past_key_values=make_cache(gemma_lm, "turboq3", "turboq3"), max_new_tokens=8,
                          do_sample=False)
         assert gen.shape == (1, ids.shape[1] + 8)
