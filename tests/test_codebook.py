@@ -16,7 +16,7 @@ def test_header_is_regenerated_identically():
 
 
 def test_cuda_instances_are_regenerated_identically_and_dispatched():
-    """The instance files are the generator's; the CMake loop (the cuda patch, 20) builds exactly them and
+    """The instance files are the generator's; the CMake loop (the cuda patch, 21) builds exactly them and
     turboq.cu's dispatch macro declares exactly the generator's cases."""
     import re
     for path, text in cuda_instances.generated_files().items():

@@ -183,9 +183,10 @@ def test_memory_drops(gemma_lm):
 
 # Measured over these 95 positions: turboq8 mean KLD 0.0026 / 0.0020 and top-1 0.989 with torch's
 # AVX-512 / AVX2 kernels (ATEN_CPU_CAPABILITY), turboq4 0.584 / 0.579 and 0.747 / 0.737 (per position
-# up to 4 in the first 64 positions: a short context's attention leans on few keys)
+# up to 4 in the first 64 positions: a short context's attention leans on few keys), turboq3 1.861 and 0.537 with both
+# (the bounds are loose there, so the test also asks that fewer bits never give a smaller error)
 SKIP = 8
-LOGITS_TOLERANCES = (("turboq8", 0.01, 0.95), ("turboq4", 0.8, 0.6))
+LOGITS_TOLERANCES = (("turboq8", 0.01, 0.95), ("turboq4", 0.8, 0.6), ("turboq3", 3.0, 0.4))
 
 
 def test_generation_with_the_cache_and_logits_close_to_f32(gemma_lm):
@@ -203,6 +204,7 @@ def test_generation_with_the_cache_and_logits_close_to_f32(gemma_lm):
         text = ref[:, :-1]
         ref_logits = m(input_ids=text, past_key_values=DynamicCache(config=m.config), use_cache=True).logits
         ref_logits = ref_logits[0, SKIP:].float()
+        klds = []
         for t, max_kld, min_top1 in LOGITS_TOLERANCES:
             out = m(input_ids=text, past_key_values=make_cache(gemma_lm, t, t), use_cache=True)
             logits = out.logits[0, SKIP:].float()
@@ -212,6 +214,8 @@ def test_generation_with_the_cache_and_logits_close_to_f32(gemma_lm):
             top1 = float((ref_logits.argmax(-1) == logits.argmax(-1)).float().mean())
             print(f"{t}: mean KLD vs f32 cache {kld:.5f}, top-1 agreement {top1:.3f} over {len(logits)} positions")
             assert kld < max_kld and top1 >= min_top1, (t, kld, top1)
+            klds.append(kld)
+        assert klds == sorted(klds), klds
         gen = m.generate(ids, past_key_values=make_cache(gemma_lm, "turboq3", "turboq3"), max_new_tokens=8,
                          do_sample=False)
         assert gen.shape == (1, ids.shape[1] + 8)

@@ -62,11 +62,12 @@ def backend_ops(vk_bin: Path, op: str, *patterns: str, timeout: float = 1800) ->
     """Runs test-backend-ops on Vulkan0, one process per pattern at the same time (lavapipe compiles
     each pipeline on the thread that first needs it, so on an empty shader cache one process keeps
     one core busy); returns the number of cases that ran and passed."""
-    procs = [subprocess.Popen([str(vk_bin / "test-backend-ops"), "-b", "Vulkan0", "-o", op, "-p", pattern],
-                              env=vk_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for pattern in patterns]
+    procs: list[subprocess.Popen] = []
     n = 0
     try:
+        for pattern in patterns:
+            procs.append(subprocess.Popen([str(vk_bin / "test-backend-ops"), "-b", "Vulkan0", "-o", op, "-p", pattern],
+                                          env=vk_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         for proc in procs:
             out = proc.communicate(timeout=timeout)[0]
             assert proc.returncode == 0, out[-6000:]

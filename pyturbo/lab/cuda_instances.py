@@ -3,7 +3,7 @@
 One file per head size and K type, `template-instances/fattn-turboq-instance-d{D}-k{K}.cu`, each
 declaring `DECL_TQ_FA_CASE(D, K, V)` for the V types that K pairs with: a turboq K with every V
 below, an f16 or q8_0 K with the turboq Vs only (f16/f16 and q8_0/q8_0 are upstream's kernels).
-This module is the one list; the CMake loop of the cuda patch (20) and the dispatch macro in turboq.cu
+This module is the one list; the CMake loop of the cuda patch (21) and the dispatch macro in turboq.cu
 (`TQ_FA_FOR_ALL_D`) are checked against it by tests/test_codebook.py.
 
     python -m pyturbo.lab.cuda_instances --write
