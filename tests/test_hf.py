@@ -204,11 +204,11 @@ def test_generation_with_the_cache_and_logits_close_to_f32(gemma_lm):
         text = ref[:, :-1]
         ref_logits = m(input_ids=text, past_key_values=DynamicCache(config=m.config), use_cache=True).logits
         ref_logits = ref_logits[0, SKIP:].float()
+        p = torch.log_softmax(ref_logits, -1)
         klds = []
         for t, max_kld, min_top1 in LOGITS_TOLERANCES:
             out = m(input_ids=text, past_key_values=make_cache(gemma_lm, t, t), use_cache=True)
             logits = out.logits[0, SKIP:].float()
-            p = torch.log_softmax(ref_logits, -1)
             q = torch.log_softmax(logits, -1)
             kld = float((p.exp() * (p - q)).sum(-1).mean())
             top1 = float((ref_logits.argmax(-1) == logits.argmax(-1)).float().mean())
