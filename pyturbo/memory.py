@@ -3,7 +3,8 @@
 Follows llama.cpp's rules for this pin: the cache holds n_ctx cells padded to 256; a model with
 sliding-window layers (Gemma 3: every 6th layer is global) gets a second cache for those layers
 of min(n_ctx, n_swa * n_seq + n_ubatch) cells, padded the same way. Each layer stores
-n_head_kv * head_dim values of K and of V per cell, in blocks of the cache type.
+n_head_kv * head_dim values of K and of V per cell, in blocks of the cache type (of its _g64 twin for
+a turboq type where the head size is a multiple of 64 but not of 128).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .layer_adaptive import boundary_layers, policies
-from .types import cache_type
+from .types import layer_cache_type
 
 KV_PAD = 256
 # architectures whose sliding-window layers follow a fixed pattern: every n-th layer is global
@@ -86,7 +87,7 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     boundary = boundary_layers(layer_adaptive, g.n_layer, cells if ranked else None)
 
     def row_bytes(t: str, hd: int) -> int:
-        ct = cache_type(t)
+        ct = layer_cache_type(t, hd)
         return g.n_head_kv * hd // ct.block_size * ct.block_bytes
 
     total = 0

@@ -44,6 +44,26 @@ CACHE_TYPES: dict[str, CacheType] = {t.name: t for t in (
 
 TURBOQ_TYPES = tuple(n for n, t in CACHE_TYPES.items() if t.is_turboq)
 
+TURBOQ_G64 = 64  # values per group of the _g64 twins
+# The turboq codecs on 64-value groups: llama.cpp stores a requested turboq type as its _g64 twin on
+# each layer whose head size is a multiple of 64 but not of 128 (llama_turboq_type_for_head; CPU
+# only). Not names for -ctk/-ctv; the codec, the reference and kv_bytes take them.
+G64_TYPES: dict[str, CacheType] = {t.name: t for t in (
+    CacheType("turboq2_g64", 64, TURBOQ_G64, 18),
+    CacheType("turboq3_g64", 65, TURBOQ_G64, 26),
+    CacheType("turboq4_g64", 66, TURBOQ_G64, 34),
+    CacheType("turboq8_g64", 67, TURBOQ_G64, 66),
+)}
+TURBOQ_G64_TYPES = tuple(G64_TYPES)
+
+
+def layer_cache_type(name: str | CacheType, head_dim: int) -> CacheType:
+    """The type a layer of this head size stores for a requested cache type (llama.cpp's rule)."""
+    t = cache_type(name)
+    if t.is_turboq and t.block_size == TURBOQ_GROUP and head_dim % TURBOQ_GROUP and head_dim % TURBOQ_G64 == 0:
+        return G64_TYPES[f"{t.name}_g64"]
+    return t
+
 
 def cache_type(name: str | CacheType) -> CacheType:
     """Look a cache type up by name, case-insensitively; ValueError lists the valid names."""
@@ -51,7 +71,7 @@ def cache_type(name: str | CacheType) -> CacheType:
         return name
     key = str(name).strip().lower()
     try:
-        return CACHE_TYPES[key]
+        return CACHE_TYPES[key] if key in CACHE_TYPES else G64_TYPES[key]
     except KeyError:
         valid = ", ".join(CACHE_TYPES)
         raise ValueError(f"unknown KV cache type {name!r}; valid types: {valid}") from None

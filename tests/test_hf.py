@@ -82,30 +82,43 @@ def test_decode_matches_reference(lib, rng, type_name):
 
 
 @pytest.mark.parametrize("k_center", [False, True])
-def test_head_dim_64_rows_group_all_kv_heads(rng, k_center):
-    """SmolLM2's geometry: 3 KV heads of 64 -> rows of 192 values, padded to 256 (2 blocks)."""
+def test_head_dim_64_stores_the_64_value_twins(rng, k_center):
+    """SmolLM2's geometry: 3 KV heads of 64 -> rows of 192 values, three 64-value groups (the
+    _g64 twins, as llama.cpp stores them), no padding."""
     b, h, t, d = 2, 3, 5, 64
     k = torch.from_numpy((rng.standard_normal((b, h, t, d)) * 3 + 1).astype(np.float32))
     v = torch.from_numpy(rng.standard_normal((b, h, t, d)).astype(np.float32))
     layer = TurboQuantLayer("turboq3", "turboq4", k_center=k_center)
     k_out, v_out = layer.update(k, v)
     assert k_out.shape == k.shape and v_out.shape == v.shape
-    assert layer.keys.shape == (b, t, 2 * 50) and layer.values.shape == (b, t, 2 * 68)
+    assert layer.keys.shape == (b, t, 3 * 26) and layer.values.shape == (b, t, 3 * 34)
     rows_k = k.transpose(1, 2).reshape(b, t, h * d).numpy()
     mu = rows_k.sum(axis=1, keepdims=True) * np.float32(1.0 / t) if k_center else np.zeros((b, 1, h * d), np.float32)
-    padded = np.zeros((b, t, 256), np.float32)
-    padded[..., :192] = rows_k - mu
-    np.testing.assert_array_equal(layer.keys.numpy().ravel(), reference.quantize(padded, "turboq3"))
-    back = reference.dequantize(layer.keys.numpy().ravel(), "turboq3").reshape(b, t, 256)[..., :192] + mu
+    np.testing.assert_array_equal(layer.keys.numpy().ravel(), reference.quantize(rows_k - mu, "turboq3_g64"))
+    back = reference.dequantize(layer.keys.numpy().ravel(), "turboq3_g64").reshape(b, t, 192) + mu
     np.testing.assert_allclose(k_out.transpose(1, 2).reshape(b, t, h * d).numpy(), back, rtol=0, atol=1e-5)
-    # the zero padding stays zero through the rotation round trip, up to the codebook's error
-    assert np.abs(reference.dequantize(layer.keys.numpy().ravel(), "turboq3").reshape(b, t, 256)[..., 192:]).max() < \
-        np.abs(padded).max()
+    rows_v = v.transpose(1, 2).reshape(b, t, h * d).numpy()
+    np.testing.assert_array_equal(layer.values.numpy().ravel(), reference.quantize(rows_v, "turboq4_g64"))
     # a second update appends rows and returns all tokens
     k2, v2 = layer.update(k[:, :, :1], v[:, :, :1])
     assert k2.shape == (b, h, t + 1, d) and layer.get_seq_length() == t + 1
     rel = float(((k2 - torch.cat([k, k[:, :, :1]], dim=2)).norm() / k.norm()))
     assert rel < 0.25
+
+
+def test_other_head_sizes_pad_the_row_to_whole_blocks(rng):
+    """Head size 80 (which llama.cpp refuses for turboq): 2 KV heads -> rows of 160 values,
+    padded with zeros to 256 (two 128-value blocks), the padding dropped on decoding."""
+    b, h, t, d = 1, 2, 4, 80
+    k = torch.from_numpy(rng.standard_normal((b, h, t, d)).astype(np.float32))
+    layer = TurboQuantLayer("turboq3", "turboq3", k_center=False)
+    k_out, _ = layer.update(k, k)
+    assert layer.keys.shape == (b, t, 2 * 50)
+    padded = np.zeros((b, t, 256), np.float32)
+    padded[..., :160] = k.transpose(1, 2).reshape(b, t, h * d).numpy()
+    np.testing.assert_array_equal(layer.keys.numpy().ravel(), reference.quantize(padded, "turboq3"))
+    back = reference.dequantize(layer.keys.numpy().ravel(), "turboq3").reshape(b, t, 256)[..., :160]
+    np.testing.assert_allclose(k_out.transpose(1, 2).reshape(b, t, h * d).numpy(), back, rtol=0, atol=1e-5)
 
 
 def test_bad_input_is_a_clear_error(rng):
@@ -150,6 +163,11 @@ def test_layer_adaptive_3_on_gemma_picks_llama_cpp_layers(gemma_lm):
 @pytest.fixture(scope="module")
 def gemma_lm(build_info):
     return load("gemma3-270m")
+
+
+@pytest.fixture(scope="module")
+def smollm2_lm(build_info):
+    return load("smollm2-135m")
 
 
 def prompt_ids(lm, n: int) -> torch.Tensor:
@@ -221,8 +239,8 @@ def test_generation_with_the_cache_and_logits_close_to_f32(gemma_lm):
         assert gen.shape == (1, ids.shape[1] + 8)
 
 
-def test_smollm2_head_dim_64(build_info):
-    lm = load("smollm2-135m")
+def test_smollm2_head_dim_64(smollm2_lm):
+    lm = smollm2_lm
     cfg = lm.model.config
     assert cfg.head_dim == 64 and cfg.num_key_value_heads == 3
     ids = prompt_ids(lm, 64)
@@ -230,10 +248,12 @@ def test_smollm2_head_dim_64(build_info):
         ref = lm.model(input_ids=ids).logits[0].float()
         cache = make_cache(lm, "turboq4", "turboq4")
         got = lm.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0].float()
-    assert cache.layers[0].keys.shape == (1, 64, 2 * 68)  # 192 values padded to 2 blocks
+    assert cache.layers[0].keys.shape == (1, 64, 3 * 34)  # 192 values: three turboq4_g64 blocks
     p, q = torch.log_softmax(ref, -1), torch.log_softmax(got, -1)
     kld = float((p.exp() * (p - q)).sum(-1).mean())
-    print(f"SmolLM2 turboq4: mean KLD vs f32 {kld:.5f}")  # measured 0.109
+    # measured 0.150 in 64-value groups (0.109 when this cache put two heads in one 128-value block,
+    # which llama.cpp's rotated-domain attention cannot read per head)
+    print(f"SmolLM2 turboq4: mean KLD vs f32 {kld:.5f}")
     assert kld < 0.2
 
 
@@ -250,18 +270,21 @@ SEED_SD = 0.016
 INCREASE_TOL = 3 * math.sqrt(2) * math.sqrt(2) * SEED_SD
 
 
-def test_ppl_cross_check_with_llama_cpp(gemma_lm):
+@pytest.mark.parametrize("model", ["gemma_lm", "smollm2_lm"])
+def test_ppl_cross_check_with_llama_cpp(model, request):
+    """Gemma 3 (head_dim 256, 128-value groups) and SmolLM2 (head_dim 64: the _g64 twins on both sides)."""
     from pyturbo.tools import llama_perplexity
 
+    lm = request.getfixturevalue(model)
     chunks = 4
     text = data.corpus_slice(12000)
-    hf = {t: hf_perplexity(gemma_lm, text.read_text(encoding="utf-8"), t, t, max_length=512, stride=512,
+    hf = {t: hf_perplexity(lm, text.read_text(encoding="utf-8"), t, t, max_length=512, stride=512,
                            score_from=257, max_tokens=chunks * 512, show_progress=False).ppl for t in ("f16", "turboq3")}
     # the same scheme on both sides: the transformers cache centers K but has no channel scale
-    cpp = {t: llama_perplexity(gemma_lm.gguf, text, t, t, ctx=512, chunks=chunks, threads=2,
+    cpp = {t: llama_perplexity(lm.gguf, text, t, t, ctx=512, chunks=chunks, threads=2,
                                env={"TURBOQ_K_BALANCE": "0"}).ppl for t in ("f16", "turboq3")}
     inc_hf, inc_cpp = hf["turboq3"] / hf["f16"] - 1, cpp["turboq3"] / cpp["f16"] - 1
-    print(f"f16 PPL: transformers {hf['f16']:.3f}, llama.cpp {cpp['f16']:.3f}; turboq3: {hf['turboq3']:.3f}, "
+    print(f"{model} f16 PPL: transformers {hf['f16']:.3f}, llama.cpp {cpp['f16']:.3f}; turboq3: {hf['turboq3']:.3f}, "
           f"{cpp['turboq3']:.3f}; increase {inc_hf:+.2%} vs {inc_cpp:+.2%} (tolerance {INCREASE_TOL:.3f})")
     assert abs(hf["f16"] / cpp["f16"] - 1) < 0.02
     assert abs(inc_hf - inc_cpp) < INCREASE_TOL

@@ -133,12 +133,13 @@ def test_doctor_json(build_info):
 
 def test_type_table_matches_the_library_traits(lib):
     """pyturbo.types is checked against the built ggml's own type_traits, row by row."""
-    from pyturbo.types import CACHE_TYPES
-    for t in CACHE_TYPES.values():
+    from pyturbo.types import CACHE_TYPES, G64_TYPES
+    for t in (*CACHE_TYPES.values(), *G64_TYPES.values()):
         tr = lib.traits(t.ggml_id)
         assert tr.type_name.decode() == t.name
         assert (tr.blck_size, tr.type_size) == (t.block_size, t.block_bytes), t.name
-        assert bool(lib.base.ggml_is_turboq(t.ggml_id)) == t.is_turboq
+        assert bool(lib.base.ggml_is_turboq(t.ggml_id)) == (t.is_turboq and t.name in CACHE_TYPES)
+        assert lib.base.ggml_turboq_group(t.ggml_id) == (t.block_size if t.is_turboq else 0)
 
 
 def tracked_files() -> list[Path]:
@@ -301,6 +302,7 @@ def test_bench_counts_an_exact_tail_in_bits_per_value():
     """W (+ S) f16 positions of ctx instead of the type's bits, for K and V (the K/V lab's count)."""
     from pyturbo.bench.cpu import config_bpw
     assert config_bpw(18, "turboq3", "turboq3", {}, 512) == 3.125
+    assert config_bpw(30, "turboq3", "turboq3", {}, 512, 64, 64) == 3.25  # head_dim 64: the _g64 twins
     assert config_bpw(18, "turboq3", "turboq3", {"TURBOQ_EXACT_TAIL": "16"}, 512) == pytest.approx(3.125 + 12.875 * 16 / 512)
     assert config_bpw(18, "turboq3", "turboq3", {"TURBOQ_EXACT_TAIL": "16"}, 8192) == pytest.approx(3.150, abs=5e-4)
     assert config_bpw(18, "q4_0", "q4_0", {"TURBOQ_EXACT_TAIL": "1024"}, 512) == 16

@@ -24,7 +24,7 @@ from .. import data
 from ..tools import llama_perplexity, run_tool
 from ..layer_adaptive import policies
 from ..memory import kv_geometry
-from ..types import cache_type
+from ..types import layer_cache_type
 
 QUALITY_TYPES = ["f16", "q8_0", "q4_0", "turboq8", "turboq4", "turboq3", "turboq2"]
 SPEED_TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3", "q8_0/turboq3", "turboq3:onerow", "q8_0/turboq3:onerow"]
@@ -63,18 +63,20 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
     return c, k, v, env
 
 
-def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int) -> float:
-    """Bits per value of K and V together; for a mode that ranks layers by K gain (3), its
+def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int, head_dim_k: int = 128,
+               head_dim_v: int = 128) -> float:
+    """Bits per value of K and V together, of the types a layer of these head sizes stores (a
+    turboq type's _g64 twin where the head size is a multiple of 64 but not of 128); for a mode that ranks layers by K gain (3), its
     n_layer // k_gain_div boundary layers carry the boundary K type (the C table's). W + S exact
     positions (a tail and sinks) count as that many of the context's ctx positions held in f16
     instead of the type (a token is quantized as it leaves the window), as the K/V lab counts it."""
     tail = min(sum(int(env.get(var) or 0) for var in EXACT_ROWS.values()), ctx)
 
-    def bpw(t: str) -> float:
-        b = cache_type(t).bpw
+    def bpw(t: str, hd: int = head_dim_k) -> float:
+        b = layer_cache_type(t, hd).bpw
         return b + (16 - b) * tail / ctx
 
-    bk, bv = bpw(k), bpw(v)
+    bk, bv = bpw(k), bpw(v, head_dim_v)
     mode = int(env.get("TURBO_LAYER_ADAPTIVE") or 0)
     policy = policies().get(mode)
     if policy is not None and policy.k_gain_div and policy.v_boundary is None and policy.v_other is None:
@@ -109,7 +111,8 @@ def quality(args: argparse.Namespace) -> None:
             label, k, v, env = parse_config(c)
             r = llama_perplexity(model, text, k, v, ctx=args.ctx, batch=batch, chunks=chunks, threads=args.threads,
                                  kld_base=base, write_base=(c == "f16"), env=env, timeout=6 * 3600, extra=ubatch)
-            rows.append((label, config_bpw(kv_geometry(model).n_layer, k, v, env, args.ctx), r))
+            geo = kv_geometry(model)
+            rows.append((label, config_bpw(geo.n_layer, k, v, env, args.ctx, geo.head_dim_k, geo.head_dim_v), r))
             tqdm.write(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} median {r.kld_median} p99.9 {r.kld_p999} "
                        f"KV {r.kv_mib:.2f} MiB", file=sys.stderr)
     f16_kv = rows[0][2].kv_mib

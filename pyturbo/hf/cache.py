@@ -3,12 +3,12 @@
 Layout. llama.cpp stores one cache row per token and layer: the K (or V) values of all KV heads,
 n_head_kv * head_dim of them, in blocks of the cache type. This cache stores exactly those rows,
 [batch, tokens, row_bytes] uint8, with the same bytes the C codec writes for the same input.
-transformers never needs a block to stay inside one head, so the row of all KV heads is what
-gets grouped: with head_dim 256 (Gemma 3) a block is half a head, with head_dim 64 (SmolLM2, 3 KV
-heads, 192 values) a block is two heads. A row that is not a whole number of blocks is padded
-with zeros to the next block (SmolLM2: 192 -> 256 values, the padding costs a third more bytes,
-turboq3 then takes 4.17 bits per value); zeros change neither the group's norm nor its rotation
-and are dropped again on decoding. llama.cpp itself refuses turboq for head_dim % 128 != 0.
+As in llama.cpp, a head size that is a multiple of 64 but not of 128 (SmolLM2: 64, 3 KV heads,
+192 values a row) takes the turboq type's _g64 twin, 64-value groups (pyturbo.types.layer_cache_type):
+turboq3 then takes 3.25 bits per value, and a block never spans two heads. Otherwise the row of
+all KV heads is grouped (head_dim 256, Gemma 3: a block is half a head); a row that is not a
+whole number of blocks (a head size llama.cpp refuses) is padded with zeros to the next block;
+zeros change neither the group's norm nor its rotation and are dropped again on decoding.
 
 What attention reads. As in llama.cpp, new K/V are encoded first and attention reads the decoded
 cache, the new tokens included, so a prompt already sees quantized K/V.
@@ -33,6 +33,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
 
 from .. import layer_adaptive as la
+from ..types import layer_cache_type
 from . import torch_codec as tc
 
 CENTER_TOKENS = 512
@@ -59,6 +60,7 @@ class _Codec:
         if h < 1 or d < 1:
             raise ValueError(f"{side} states with {h} heads of head_dim {d}: both must be positive")
         self.n_heads, self.head_dim = h, d
+        self.type = layer_cache_type(self.type, d).name  # what llama.cpp stores for this head size
         self.n = h * d
         self.n_pad = padded_row(self.type, self.n)
 

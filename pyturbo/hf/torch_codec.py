@@ -1,5 +1,6 @@
-"""The KV-cache codecs in torch: turboq2/3/4/8 bit for bit equal to pyturbo.lab.reference and the C
-codec, q8_0 equal to ggml's reference quantizer, and the plain float types.
+"""The KV-cache codecs in torch: turboq2/3/4/8 and their _g64 twins (64-value groups) bit for bit
+equal to pyturbo.lab.reference and the C codec, q8_0 equal to ggml's reference quantizer, and the
+plain float types.
 
 Rows are [..., n] float tensors; a row's bytes are [..., n // block_size * block_bytes] uint8, the
 blocks of the row in order, exactly as one llama.cpp cache row holds them. Every float operation
@@ -18,13 +19,26 @@ import torch
 
 from ..lab.codebook import D, SIGN_SEED, codebooks, thresholds
 from ..lab.signs import sign_lists
-from ..types import CacheType, cache_type
+from ..types import TURBOQ_G64_TYPES, TURBOQ_TYPES, CacheType, cache_type
 
 FLOAT_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-SUPPORTED = ("f32", "f16", "bf16", "q8_0", "turboq2", "turboq3", "turboq4", "turboq8")
+SUPPORTED = ("f32", "f16", "bf16", "q8_0", *TURBOQ_TYPES, *TURBOQ_G64_TYPES)
 QK8_0 = 32
-INV_SQRT_D = float(torch.tensor(1.0 / D ** 0.5, dtype=torch.float32))
 FP16_MAX = 65504.0
+
+
+def _inv_sqrt(g: int) -> float:
+    """1/sqrt(g) as the C tables round it (float32)."""
+    return float(torch.tensor(1.0 / g ** 0.5, dtype=torch.float32))
+
+
+def _group(name: str) -> int:
+    return cache_type(name).block_size
+
+
+def _base(name: str) -> str:
+    """turboq2/3/4/8 for a type and its _g64 twin (their layouts differ only in size)."""
+    return name.removesuffix("_g64")
 
 
 def check_type(name: str | CacheType) -> CacheType:
@@ -84,27 +98,29 @@ def tree_sum(v: torch.Tensor) -> torch.Tensor:
 
 
 def fwht(v: torch.Tensor) -> torch.Tensor:
-    """Unnormalised Walsh-Hadamard transform over the last axis (128), butterflies h = 1, 2, ..., 64."""
-    lead = v.shape[:-1]
+    """Unnormalised Walsh-Hadamard transform over the last axis (128 or 64), butterflies h = 1, 2, ..."""
+    lead, g = v.shape[:-1], v.shape[-1]
     h = 1
-    while h < D:
-        x = v.reshape(*lead, D // (2 * h), 2, h)
+    while h < g:
+        x = v.reshape(*lead, g // (2 * h), 2, h)
         a, b = x[..., 0, :], x[..., 1, :]
-        v = torch.stack((a + b, a - b), dim=-2).reshape(*lead, D)
+        v = torch.stack((a + b, a - b), dim=-2).reshape(*lead, g)
         h *= 2
     return v
 
 
 def turboq_encode_groups(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp16 norms [n], uint8 indices [n, 128]) of float32 groups [n, 128]."""
+    """(fp16 norms [n], uint8 indices [n, g]) of float32 groups [n, g], g the type's group."""
     cb, thr, s1, s2 = _tables(name)
-    x = x.to(torch.float32).reshape(-1, D)
+    g = _group(name)
+    s1, s2 = s1[:g], s2[:g]
+    x = x.to(torch.float32).reshape(-1, g)
     n = x.shape[0]
     finite = torch.isfinite(x).all(dim=-1)
     amax = torch.where(finite[:, None], x, torch.zeros((), dtype=torch.float32)).abs().amax(dim=-1)
     ok = finite & (amax > 0)
     norms = torch.zeros(n, dtype=torch.float16)
-    idx = torch.zeros((n, D), dtype=torch.uint8)
+    idx = torch.zeros((n, g), dtype=torch.uint8)
     if not bool(ok.any()):
         return norms, idx
     all_ok = bool(ok.all())
@@ -112,8 +128,8 @@ def turboq_encode_groups(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torc
     u = xs / am
     r = torch.sqrt(tree_sum(u * u))[:, None]
     v = u / r
-    y = (fwht(v * s1) * INV_SQRT_D) * s2
-    if name == "turboq8":
+    y = (fwht(v * s1) * _inv_sqrt(g)) * s2
+    if _base(name) == "turboq8":
         a = y.abs().amax(dim=-1, keepdim=True)
         # a true division: `127.5 / a` would be torch's reciprocal-then-multiply, one rounding more than C
         t = torch.div(torch.full_like(a, 127.5), a)
@@ -130,53 +146,66 @@ def turboq_encode_groups(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torc
     return norms, idx
 
 
+def _offsets(name: str) -> tuple[int, int]:
+    """(first byte of qs, first byte of qh) of a block: turboq4 (128 values) has a reserved field."""
+    g = _group(name)
+    qs = 4 if name == "turboq4" else 2
+    return qs, qs + g // 4
+
+
 def turboq_pack(name: str, norms: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    n = idx.shape[0]
+    n, g = idx.shape
+    base = _base(name)
     head = norms.to(torch.float16).contiguous().view(torch.uint8).reshape(n, 2)
-    if name in ("turboq2", "turboq3"):
+    if base in ("turboq2", "turboq3"):
         lo = idx & 3
-        qs = lo[:, 0:32] | (lo[:, 32:64] << 2) | (lo[:, 64:96] << 4) | (lo[:, 96:128] << 6)
+        q = g // 4
+        qs = lo[:, 0:q] | (lo[:, q:2 * q] << 2) | (lo[:, 2 * q:3 * q] << 4) | (lo[:, 3 * q:] << 6)
         parts = [head, qs]
-        if name == "turboq3":
-            hi = ((idx >> 2) & 1).reshape(n, 8, 16)
-            qh = torch.zeros((n, 16), dtype=torch.uint8)
+        if base == "turboq3":
+            hi = ((idx >> 2) & 1).reshape(n, 8, g // 8)
+            qh = torch.zeros((n, g // 8), dtype=torch.uint8)
             for k in range(8):
                 qh |= hi[:, k] << k
             parts.append(qh)
-    elif name == "turboq4":
-        parts = [head, torch.zeros((n, 2), dtype=torch.uint8), idx[:, :64] | (idx[:, 64:] << 4)]
+    elif base == "turboq4":
+        qs = idx[:, :g // 2] | (idx[:, g // 2:] << 4)
+        parts = [head, torch.zeros((n, 2), dtype=torch.uint8), qs] if name == "turboq4" else [head, qs]
     else:
         parts = [head, idx]
     return torch.cat(parts, dim=1)
 
 
 def turboq_unpack(name: str, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    g, base = _group(name), _base(name)
+    o_qs, o_qh = _offsets(name)
     b = blocks.reshape(-1, cache_type(name).block_bytes)
     norms = b[:, 0:2].contiguous().view(torch.float16)[:, 0]
-    if name in ("turboq2", "turboq3"):
-        qs = b[:, 2:34]
+    if base in ("turboq2", "turboq3"):
+        qs = b[:, o_qs:o_qh]
         idx = torch.cat([(qs >> s) & 3 for s in (0, 2, 4, 6)], dim=1)
-        if name == "turboq3":
-            qh = b[:, 34:50]
+        if base == "turboq3":
+            qh = b[:, o_qh:o_qh + g // 8]
             idx = idx | (torch.cat([(qh >> k) & 1 for k in range(8)], dim=1) << 2)
-    elif name == "turboq4":
-        qs = b[:, 4:68]
+    elif base == "turboq4":
+        qs = b[:, o_qs:o_qs + g // 2]
         idx = torch.cat([qs & 15, qs >> 4], dim=1)
     else:
-        idx = b[:, 2:130]
+        idx = b[:, 2:2 + g]
     return norms, idx
 
 
-def _inverse_rotation() -> torch.Tensor:
-    return _inverse_rotation_for(_sign_seed)
+def _inverse_rotation(g: int = D) -> torch.Tensor:
+    return _inverse_rotation_for(_sign_seed, g)
 
 
 @lru_cache(maxsize=None)
-def _inverse_rotation_for(seed: int) -> torch.Tensor:
-    """The decoding rotation as a matrix: x = y @ M, M = D2 . H . D1 / sqrt(128)."""
+def _inverse_rotation_for(seed: int, g: int = D) -> torch.Tensor:
+    """The decoding rotation as a matrix: x = y @ M, M = D2 . H . D1 / sqrt(g) (g = 128, or 64)."""
     s1, s2 = _signs(seed)
-    h = fwht(torch.eye(D, dtype=torch.float32))
-    return (s2[:, None] * h * s1[None, :]) * INV_SQRT_D
+    s1, s2 = s1[:g], s2[:g]
+    h = fwht(torch.eye(g, dtype=torch.float32))
+    return (s2[:, None] * h * s1[None, :]) * _inv_sqrt(g)
 
 
 # The fast read looks up whole bytes, not indices: a byte of turboq2's qs holds the indices of
@@ -185,68 +214,73 @@ def _inverse_rotation_for(seed: int) -> torch.Tensor:
 # four high bits of the same four values, gathered from qh). The lookups then come out in "byte
 # order" (value i + stride*k at position per_byte*i + k), which the rows of the decoding matrix
 # are permuted to match, so no copy reorders them.
-_BYTE_LAYOUT = {"turboq2": (4, 32), "turboq3": (4, 32), "turboq4": (2, 64)}  # (values per byte, stride)
+_PER_BYTE = {"turboq2": 4, "turboq3": 4, "turboq4": 2}  # values per byte; the stride is group / that
 
 
 @lru_cache(maxsize=None)
 def _byte_tables_for(name: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(lookup table [n_keys, per_byte], decoding matrix with rows in byte order)."""
     cb = _tables_for(name, seed)[0]
-    per_byte, stride = _BYTE_LAYOUT[name]
+    g, base = _group(name), _base(name)
+    per_byte = _PER_BYTE[base]
+    stride = g // per_byte
     b = torch.arange(256)
-    if name == "turboq4":
+    if base == "turboq4":
         table = cb[torch.stack([b & 15, b >> 4], dim=1)]
     else:
         lo = torch.stack([(b >> (2 * k)) & 3 for k in range(4)], dim=1)  # [256, 4]
-        if name == "turboq2":
+        if base == "turboq2":
             table = cb[lo]
         else:
             h = torch.arange(16)
             hi = torch.stack([(h >> k) & 1 for k in range(4)], dim=1)  # [16, 4]
             table = cb[(lo[:, None, :] | (hi[None, :, :] << 2)).reshape(4096, 4)]
-    order = torch.tensor([i + stride * k for i in range(D // per_byte) for k in range(per_byte)])
-    return table.contiguous(), _inverse_rotation_for(seed)[order].contiguous()
+    order = torch.tensor([i + stride * k for i in range(stride) for k in range(per_byte)])
+    return table.contiguous(), _inverse_rotation_for(seed, g)[order].contiguous()
 
 
-def _turboq3_keys(b: torch.Tensor) -> torch.Tensor:
-    """[n, 32] keys qs[i] * 16 + the high bits of values i, i+32, i+64, i+96 (bit k of the key's low
-    nibble = high bit of value i + 32k, stored at qh[i % 16] bit i // 16 + 2k)."""
-    qh = b[:, 34:50]
+def _turboq3_keys(b: torch.Tensor, g: int) -> torch.Tensor:
+    """[n, g/4] keys qs[i] * 16 + the high bits of values i + (g/4)k, k = 0..3 (bit k of the key's
+    low nibble, stored at qh[i % (g/8)] bit i // (g/8) + 2k)."""
+    qh = b[:, 2 + g // 4:2 + g // 4 + g // 8]
     even = (qh & 1) | ((qh >> 1) & 2) | ((qh >> 2) & 4) | ((qh >> 3) & 8)       # bits 0, 2, 4, 6
     odd = ((qh >> 1) & 1) | ((qh >> 2) & 2) | ((qh >> 3) & 4) | ((qh >> 4) & 8)  # bits 1, 3, 5, 7
-    return b[:, 2:34].to(torch.int32) * 16 + torch.cat([even, odd], dim=1)
+    return b[:, 2:2 + g // 4].to(torch.int32) * 16 + torch.cat([even, odd], dim=1)
 
 
 def _decode_fast(name: str, b: torch.Tensor) -> torch.Tensor:
+    g, base = _group(name), _base(name)
     norms = b[:, 0:2].contiguous().view(torch.float16)[:, 0].to(torch.float32)[:, None]
-    if name == "turboq8":
-        y = torch.nn.functional.embedding(b[:, 2:130].to(torch.int32), _tables(name)[0][:, None]).reshape(b.shape[0], D)
-        return (y @ _inverse_rotation()) * norms
+    if base == "turboq8":
+        y = torch.nn.functional.embedding(b[:, 2:2 + g].to(torch.int32), _tables(name)[0][:, None]).reshape(b.shape[0], g)
+        return (y @ _inverse_rotation(g)) * norms
     table, m = _byte_tables_for(name, _sign_seed)
-    if name == "turboq2":
-        keys = b[:, 2:34].to(torch.int32)
-    elif name == "turboq3":
-        keys = _turboq3_keys(b)
+    o_qs = _offsets(name)[0]
+    if base == "turboq2":
+        keys = b[:, 2:2 + g // 4].to(torch.int32)
+    elif base == "turboq3":
+        keys = _turboq3_keys(b, g)
     else:
-        keys = b[:, 4:68].to(torch.int32)
-    y = torch.nn.functional.embedding(keys, table).reshape(b.shape[0], D)
+        keys = b[:, o_qs:o_qs + g // 2].to(torch.int32)
+    y = torch.nn.functional.embedding(keys, table).reshape(b.shape[0], g)
     return (y @ m) * norms
 
 
 def turboq_decode_blocks(name: str, blocks: torch.Tensor, exact: bool = True) -> torch.Tensor:
-    """float32 groups [n, 128] in the original domain.
+    """float32 groups [n, g] in the original domain (g: 128, or 64 for the _g64 types).
 
-    exact: the C's butterflies, bit for bit. Otherwise byte lookups and one [n,128] x [128,128]
+    exact: the C's butterflies, bit for bit. Otherwise byte lookups and one [n,g] x [g,g]
     matmul, about 15x faster on the CPU and within a few float32 ulps (another summation order),
     which is what a cache read needs.
     """
     if not exact:
         return _decode_fast(name, blocks.reshape(-1, cache_type(name).block_bytes))
     cb, _, s1, s2 = _tables(name)
+    g = _group(name)
     norms, idx = turboq_unpack(name, blocks)
     y = cb[idx.to(torch.int64)]
-    k = norms.to(torch.float32)[:, None] * INV_SQRT_D
-    return (fwht(y * s2) * k) * s1
+    k = norms.to(torch.float32)[:, None] * _inv_sqrt(g)
+    return (fwht(y * s2[:g]) * k) * s1[:g]
 
 
 def _round_half_away(v: torch.Tensor) -> torch.Tensor:

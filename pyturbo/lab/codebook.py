@@ -28,6 +28,7 @@ from .signs import D, SIGN_SEED  # noqa: F401 (the lab and hf/ import them from 
 
 LLOYD_MAX_BITS = (2, 3, 4)
 GRID8_LEVELS = 256
+G64 = 64  # the _g64 types' group: head sizes that are a multiple of 64 but not of 128
 
 _FILES = REPO_ROOT / "ggml_patches" / "files" / "ggml" / "src"
 HEADER_PATH = _FILES / "ggml-turboq-tables.h"
@@ -119,18 +120,22 @@ def grid8_vector_mse() -> float:
 
 
 def codebooks() -> dict[str, np.ndarray]:
-    """float32 centroid tables, by type name."""
+    """float32 centroid tables, by type name (the _g64 types' for a unit vector in R^64)."""
     out = {f"turboq{b}": lloyd_max(b).centroids.astype(np.float32) for b in LLOYD_MAX_BITS}
-    out["turboq8"] = grid8_centroids().astype(np.float32)
+    out.update({f"turboq{b}_g64": lloyd_max(b, d=G64).centroids.astype(np.float32) for b in LLOYD_MAX_BITS})
+    out["turboq8"] = out["turboq8_g64"] = grid8_centroids().astype(np.float32)
     return out
 
 
 def thresholds() -> dict[str, np.ndarray]:
     """float32 decision thresholds of the Lloyd-Max types: index = count(threshold < y)."""
-    return {f"turboq{b}": lloyd_max(b).thresholds.astype(np.float32) for b in LLOYD_MAX_BITS}
+    out = {f"turboq{b}": lloyd_max(b).thresholds.astype(np.float32) for b in LLOYD_MAX_BITS}
+    out.update({f"turboq{b}_g64": lloyd_max(b, d=G64).thresholds.astype(np.float32) for b in LLOYD_MAX_BITS})
+    return out
 
 
 def theoretical_vector_mse(type_name: str) -> float:
+    """For turboq2/3/4/8 (the _g64 types are not covered)."""
     if type_name == "turboq8":
         return grid8_vector_mse()
     return lloyd_max(int(type_name[-1])).vector_mse
@@ -154,6 +159,7 @@ def render_header() -> str:
         "",
         f"#define TURBOQ_GROUP {D}",
         f"#define TURBOQ_INV_SQRT_GROUP {float(np.float32(1.0 / np.sqrt(D))):.9e}f",
+        f"#define TURBOQ_G64_INV_SQRT_GROUP {float(np.float32(1.0 / np.sqrt(G64))):.9e}f",
         "",
         "// CUDA includes this with TURBOQ_TABLE defined as `static __constant__ const`",
         "#ifndef TURBOQ_TABLE",
@@ -167,6 +173,14 @@ def render_header() -> str:
         parts.append(f"// {1 << b} levels; E||u - Q(u)||^2 = {lm.vector_mse:.6f} for a unit vector")
         parts.append(f"TURBOQ_TABLE float turboq{b}_centroids[{1 << b}] = {{\n{_c_floats(cbs[f'turboq{b}'])}\n}};")
         parts.append(f"TURBOQ_TABLE float turboq{b}_thresholds[{(1 << b) - 1}] = {{\n{_c_floats(thr[f'turboq{b}'])}\n}};\n")
+    parts.append("// The _g64 types (64-value groups, CPU only): the first 64 signs of each table above, and")
+    parts.append("// Lloyd-Max codebooks for a unit vector in R^64; turboq8_g64 takes turboq8's grid.")
+    for b in LLOYD_MAX_BITS:
+        lm = lloyd_max(b, d=G64)
+        parts.append(f"// {1 << b} levels; E||u - Q(u)||^2 = {G64 * lm.mse:.6f} for a unit vector in R^64")
+        parts.append(f"TURBOQ_TABLE float turboq{b}_g64_centroids[{1 << b}] = {{\n{_c_floats(cbs[f'turboq{b}_g64'])}\n}};")
+        parts.append(f"TURBOQ_TABLE float turboq{b}_g64_thresholds[{(1 << b) - 1}] = {{\n{_c_floats(thr[f'turboq{b}_g64'])}\n}};\n")
+    parts.append("")
     parts.append(f"// uniform grid (i - 127.5) / 127.5; E||u - Q(u)||^2 ~= {grid8_vector_mse():.3e} for a unit vector")
     parts.append(f"TURBOQ_TABLE float turboq8_centroids[{GRID8_LEVELS}] = {{\n{_c_floats(cbs['turboq8'])}\n}};")
     return "\n".join(parts) + "\n"

@@ -10,6 +10,8 @@ Block layouts (little endian, one block per 128 values):
   turboq4 (68 B): f16 norm | f16 rnorm (reserved, always 0) | qs[64]: byte i = value i (low nibble), i+64 (high)
   turboq8 (130 B): f16 scale | qs[128]: one grid index per value
 Decoding a block: y_i = norm * centroid[idx_i]; x = D1 . H . D2 . y / sqrt(128).
+The _g64 types are the same on 64-value groups (read 64 for 128, 16 for 32 and so on; turboq4_g64
+has no reserved field), with the first 64 signs of each table and their own codebooks.
 """
 from __future__ import annotations
 
@@ -18,7 +20,18 @@ import numpy as np
 from .codebook import D, codebooks, rotation_signs, thresholds
 from ..types import cache_type
 
-INV_SQRT_D = np.float32(1.0 / np.sqrt(D))
+def _group(type_name: str) -> int:
+    return cache_type(type_name).block_size
+
+
+def _signs(g: int) -> tuple[np.ndarray, np.ndarray]:
+    s1, s2 = rotation_signs()
+    return s1[:g], s2[:g]
+
+
+def _base(type_name: str) -> str:
+    """turboq2/3/4/8 for a type and its _g64 twin (their layouts differ only in size)."""
+    return type_name.removesuffix("_g64")
 FP16_MAX = np.float32(65504.0)
 _f32 = np.float32
 
@@ -32,29 +45,30 @@ def tree_sum(v: np.ndarray) -> np.ndarray:
 
 
 def fwht(v: np.ndarray) -> np.ndarray:
-    """Unnormalised Walsh-Hadamard transform over the last axis (length 128)."""
-    lead = v.shape[:-1]
+    """Unnormalised Walsh-Hadamard transform over the last axis (length 128, or 64)."""
+    lead, g = v.shape[:-1], v.shape[-1]
     h = 1
-    while h < D:
-        x = v.reshape(*lead, D // (2 * h), 2, h)
+    while h < g:
+        x = v.reshape(*lead, g // (2 * h), 2, h)
         a, b = x[..., 0, :], x[..., 1, :]
-        v = np.stack((a + b, a - b), axis=-2).reshape(*lead, D)
+        v = np.stack((a + b, a - b), axis=-2).reshape(*lead, g)
         h *= 2
     return v
 
 
 def rotate(v: np.ndarray) -> np.ndarray:
-    s1, s2 = rotation_signs()
-    return (fwht(v * s1) * INV_SQRT_D) * s2
+    """Each group over the last axis (128 or 64 values) rotated."""
+    s1, s2 = _signs(v.shape[-1])
+    return (fwht(v * s1) * np.float32(1.0 / np.sqrt(v.shape[-1]))) * s2
 
 
 def unrotate(y: np.ndarray) -> np.ndarray:
-    s1, s2 = rotation_signs()
-    return (fwht(y * s2) * INV_SQRT_D) * s1
+    s1, s2 = _signs(y.shape[-1])
+    return (fwht(y * s2) * np.float32(1.0 / np.sqrt(y.shape[-1]))) * s1
 
 
 def _indices(type_name: str, y: np.ndarray) -> np.ndarray:
-    if type_name == "turboq8":
+    if _base(type_name) == "turboq8":
         a = np.max(np.abs(y), axis=-1, keepdims=True)
         t = _f32(127.5) / a
         q = np.floor(y * t + _f32(128.0))
@@ -63,14 +77,15 @@ def _indices(type_name: str, y: np.ndarray) -> np.ndarray:
 
 
 def encode_groups(type_name: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(norm as float16 [n], indices uint8 [n,128]) for groups x [n,128] of float32."""
-    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, D)
+    """(norm as float16 [n], indices uint8 [n,g]) for groups x [n,g] of float32 (g: the type's group)."""
+    g = _group(type_name)
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, g)
     n = x.shape[0]
     finite = np.all(np.isfinite(x), axis=-1)
     amax = np.max(np.abs(np.where(finite[:, None], x, _f32(0))), axis=-1)
     ok = finite & (amax > 0)
     norms = np.zeros(n, dtype=np.float16)
-    idx = np.zeros((n, D), dtype=np.uint8)
+    idx = np.zeros((n, g), dtype=np.uint8)
     if not np.any(ok):
         return norms, idx
     xs, am = x[ok], amax[ok][:, None]
@@ -90,46 +105,50 @@ def encode_groups(type_name: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 def pack(type_name: str, norms: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """Blocks as a uint8 array [n, block_bytes]."""
-    n = idx.shape[0]
+    n, g = idx.shape
+    base = _base(type_name)
     head = norms.astype("<f2").view(np.uint8).reshape(n, 2)
-    if type_name in ("turboq2", "turboq3"):
+    if base in ("turboq2", "turboq3"):
         lo = idx & 3
-        qs = (lo[:, 0:32] | (lo[:, 32:64] << 2) | (lo[:, 64:96] << 4) | (lo[:, 96:128] << 6)).astype(np.uint8)
+        q = g // 4
+        qs = (lo[:, 0:q] | (lo[:, q:2 * q] << 2) | (lo[:, 2 * q:3 * q] << 4) | (lo[:, 3 * q:] << 6)).astype(np.uint8)
         parts = [head, qs]
-        if type_name == "turboq3":
+        if base == "turboq3":
             hi = (idx >> 2) & 1
-            qh = np.zeros((n, 16), dtype=np.uint8)
+            e = g // 8
+            qh = np.zeros((n, e), dtype=np.uint8)
             for k in range(8):
-                qh |= (hi[:, 16 * k:16 * (k + 1)] << k).astype(np.uint8)
+                qh |= (hi[:, e * k:e * (k + 1)] << k).astype(np.uint8)
             parts.append(qh)
-    elif type_name == "turboq4":
-        qs = (idx[:, :64] | (idx[:, 64:] << 4)).astype(np.uint8)
-        parts = [head, np.zeros((n, 2), dtype=np.uint8), qs]
+    elif base == "turboq4":
+        qs = (idx[:, :g // 2] | (idx[:, g // 2:] << 4)).astype(np.uint8)
+        parts = [head, np.zeros((n, 2), dtype=np.uint8), qs] if g == D else [head, qs]
     else:
         parts = [head, idx]
     return np.concatenate(parts, axis=1)
 
 
 def unpack(type_name: str, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    g, base = _group(type_name), _base(type_name)
     b = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, cache_type(type_name).block_bytes)
     norms = b[:, 0:2].copy().view("<f2")[:, 0]
-    if type_name in ("turboq2", "turboq3"):
-        qs = b[:, 2:34]
+    if base in ("turboq2", "turboq3"):
+        qs = b[:, 2:2 + g // 4]
         idx = np.concatenate([(qs >> s) & 3 for s in (0, 2, 4, 6)], axis=1)
-        if type_name == "turboq3":
-            qh = b[:, 34:50]
+        if base == "turboq3":
+            qh = b[:, 2 + g // 4:2 + g // 4 + g // 8]
             hi = np.concatenate([(qh >> k) & 1 for k in range(8)], axis=1)
             idx = idx | (hi << 2)
-    elif type_name == "turboq4":
-        qs = b[:, 4:68]
+    elif base == "turboq4":
+        qs = b[:, 4:68] if g == D else b[:, 2:2 + g // 2]
         idx = np.concatenate([qs & 15, qs >> 4], axis=1)
     else:
-        idx = b[:, 2:130]
+        idx = b[:, 2:2 + g]
     return norms, idx.astype(np.uint8)
 
 
 def quantize(x: np.ndarray, type_name: str) -> np.ndarray:
-    """Quantize float values (length a multiple of 128) into a flat uint8 block array."""
+    """Quantize float values (length a multiple of the type's group) into a flat uint8 block array."""
     type_name = cache_type(type_name).name
     norms, idx = encode_groups(type_name, x)
     return pack(type_name, norms, idx).reshape(-1)
@@ -139,9 +158,10 @@ def dequantize(blocks: np.ndarray, type_name: str) -> np.ndarray:
     """Decode a flat uint8 block array into float32 values in the original domain."""
     type_name = cache_type(type_name).name
     norms, idx = unpack(type_name, blocks)
+    g = _group(type_name)
     y = codebooks()[type_name][idx]
-    k = norms.astype(np.float32)[:, None] * INV_SQRT_D
-    s1, s2 = rotation_signs()
+    k = norms.astype(np.float32)[:, None] * np.float32(1.0 / np.sqrt(g))
+    s1, s2 = _signs(g)
     return ((fwht(y * s2) * k) * s1).reshape(-1)
 
 

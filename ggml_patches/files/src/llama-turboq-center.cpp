@@ -499,7 +499,7 @@ bool run_calibration(llama_model & model, const llama_context_params & user, std
 } // namespace
 
 bool llama_turboq_k_centering(ggml_type type_k) {
-    if (!ggml_is_turboq(type_k)) {
+    if (!ggml_turboq_group(type_k)) {
         return false;
     }
     const char * env = std::getenv("TURBOQ_K_CENTER");

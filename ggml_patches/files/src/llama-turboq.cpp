@@ -19,6 +19,8 @@
 namespace {
 
 constexpr ggml_type KEEP = GGML_TYPE_COUNT; // the layer keeps the requested type
+constexpr int QK_G128 = 128; // values per rotation group (ggml_turboq_group)
+constexpr int QK_G64  = 64;
 
 // set while the K-centering calibration context is built and run (llama-turboq-center.cpp): it is
 // a plain f16 context, whatever the layer-adaptive mode says
@@ -231,13 +233,48 @@ llama_turboq_layer_types llama_turboq_layer_types_for(int mode, bool boundary, g
     return { type_k, pick(p->v_other, type_v) };
 }
 
+ggml_type llama_turboq_type_for_head(ggml_type type, uint32_t n_embd_head) {
+    if (!ggml_is_turboq(type) || n_embd_head % QK_G128 == 0 || n_embd_head % QK_G64 != 0) {
+        return type;
+    }
+    return (ggml_type) (GGML_TYPE_TURBOQ2_G64 + (type - GGML_TYPE_TURBOQ2_0));
+}
+
+uint32_t llama_turboq_head_block(ggml_type type, uint32_t n_embd_head) {
+    return (uint32_t) ggml_blck_size(llama_turboq_type_for_head(type, n_embd_head));
+}
+
+llama_turboq_layer_types llama_turboq_fit_heads(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k,
+                                                uint32_t n_embd_head_v) {
+    const llama_turboq_layer_types fit = { llama_turboq_type_for_head(lt.type_k, n_embd_head_k),
+                                           llama_turboq_type_for_head(lt.type_v, n_embd_head_v) };
+    if (fit.type_k != lt.type_k || fit.type_v != lt.type_v) {
+        LLAMA_LOG_INFO("%s: layer %3u: head size %u: K %s, V %s (turboq in 64-value groups)\n", __func__, il,
+                       fit.type_k != lt.type_k ? n_embd_head_k : n_embd_head_v, ggml_type_name(fit.type_k), ggml_type_name(fit.type_v));
+    }
+    return fit;
+}
+
+void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_backend_dev_t dev, uint32_t il,
+                                     uint32_t n_embd_head_k, uint32_t n_embd_head_v) {
+    const bool k64 = ggml_turboq_group(lt.type_k) == QK_G64;
+    const bool v64 = ggml_turboq_group(lt.type_v) == QK_G64;
+    if ((!k64 && !v64) || dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+        return;
+    }
+    throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores 64-value groups (%s), which only the "
+        "CPU backend implements so far, and this layer's KV cache is on %s; keep the KV cache on the CPU "
+        "(--no-kv-offload, offload_kqv=False) or use q8_0 or q4_0, whose 32-value blocks every backend takes",
+        il, k64 ? n_embd_head_k : n_embd_head_v, ggml_type_name(k64 ? lt.type_k : lt.type_v), ggml_backend_dev_name(dev)));
+}
+
 void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t il, uint32_t n_embd_head) {
     if (!ggml_is_turboq(type)) {
         return;
     }
     const bool blocks_of_32 = n_embd_head % ggml_blck_size(GGML_TYPE_Q8_0) == 0 && n_embd_head % ggml_blck_size(GGML_TYPE_Q4_0) == 0;
-    LLAMA_LOG_ERROR("%s: layer %u: %s cache %s: turboq types rotate and store groups of 128 values, so they need a "
-        "head size that is a multiple of 128, and this model's is %u; caches that work with it: %s\n", __func__, il, side,
+    LLAMA_LOG_ERROR("%s: layer %u: %s cache %s: turboq types rotate and store groups of 128 values, or of 64 (CPU only) "
+        "for head sizes that are a multiple of 64, and this model's is %u; caches that work with it: %s\n", __func__, il, side,
         ggml_type_name(type), n_embd_head,
         blocks_of_32 ? "q8_0 (8.5 bits per value) or q4_0 (4.5), whose blocks are 32 values, or f16" : "f16");
 }
@@ -257,7 +294,7 @@ void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_
     if (v_trans && ggml_is_quantized(lt.type_v)) {
         fail(std::string("V type ") + ggml_type_name(lt.type_v) + " requires flash_attn to be enabled");
     }
-    if (v_trans && ggml_is_turboq(lt.type_k)) {
+    if (v_trans && ggml_turboq_group(lt.type_k)) {
         fail(std::string("K type ") + ggml_type_name(lt.type_k) + " requires flash_attn to be enabled");
     }
 }
@@ -289,7 +326,7 @@ std::string signs_text(bool marked, uint64_t seed) {
 
 void llama_turboq_check_sign_seed(const llama_turboq_layer_types & lt, ggml_backend_dev_t layer_dev, uint32_t il) {
     const char * seed = ggml_turboq_sign_seed();
-    if (seed == nullptr || (!ggml_is_turboq(lt.type_k) && !ggml_is_turboq(lt.type_v))) {
+    if (seed == nullptr || (!ggml_turboq_group(lt.type_k) && !ggml_turboq_group(lt.type_v))) {
         return;
     }
     if (layer_dev == nullptr || !is_rpc(layer_dev)) {
@@ -305,7 +342,7 @@ void llama_turboq_check_sign_seed(const llama_turboq_layer_types & lt, ggml_back
 
 void llama_turboq_write_sign_mark(llama_io_write_i & io, ggml_type type) {
     uint64_t value = 0;
-    if (!build_seed(value) || !ggml_is_turboq(type)) {
+    if (!build_seed(value) || !ggml_turboq_group(type)) {
         return;
     }
     io.write(&SIGN_MARK, sizeof(SIGN_MARK));
@@ -320,7 +357,7 @@ bool llama_turboq_read_type(llama_io_read_i & io, ggml_type type, uint32_t il, i
         io.read(&saved, sizeof(saved));
         io.read(&type_ref, sizeof(type_ref));
     }
-    if (!ggml_is_turboq(type) || type_ref != (int32_t) type) {
+    if (!ggml_turboq_group(type) || type_ref != (int32_t) type) {
         return true; // not turboq here, or another type, which the caller reports
     }
     uint64_t value = 0;

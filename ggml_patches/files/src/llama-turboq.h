@@ -58,8 +58,27 @@ std::vector<bool> llama_turboq_boundary_layers(int mode, const llama_model & mod
 // K/V types of a layer under mode, given whether it is a boundary layer and the requested types
 llama_turboq_layer_types llama_turboq_layer_types_for(int mode, bool boundary, ggml_type type_k, ggml_type type_v);
 
+// The type a layer of head size n_embd_head stores for a requested `type`: a turboq type's _g64
+// twin (64-value groups) where the head size is a multiple of 64 but not of 128, `type` otherwise
+ggml_type llama_turboq_type_for_head(ggml_type type, uint32_t n_embd_head);
+
+// the block size that must divide a layer's head size for a requested cache type: that of
+// llama_turboq_type_for_head (64 or 128 for a turboq type)
+uint32_t llama_turboq_head_block(ggml_type type, uint32_t n_embd_head);
+
+// lt with each type fitted to layer il's head sizes (llama_turboq_type_for_head); logs the stored
+// types when that changes one
+llama_turboq_layer_types llama_turboq_fit_heads(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k,
+                                                uint32_t n_embd_head_v);
+
+// throws std::runtime_error, naming the layer, its head size and what works, when a layer whose
+// cache takes a _g64 type (CPU only) would have it on another device (`dev`: the layer's KV device,
+// NULL when the cache stays on the CPU)
+void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_backend_dev_t dev, uint32_t il,
+                                     uint32_t n_embd_head_k, uint32_t n_embd_head_v);
+
 // logs, after upstream's "block size does not divide n_embd_head" refusal of a turboq `type` for
-// layer il, why (128-value groups) and which cache types work for that head size
+// layer il, why (128- or 64-value groups) and which cache types work for that head size
 void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t il, uint32_t n_embd_head);
 
 // throws std::runtime_error when a layer's types cannot work (head_dim, flash attention off)

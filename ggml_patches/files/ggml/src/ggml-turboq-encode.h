@@ -29,8 +29,11 @@
 
 #define TURBOQ_FP16_MAX 65504.0f
 
-// The element-wise steps of encoding one 128-value group (see ggml-turboq.c for the algorithm).
+// The element-wise steps of encoding one group of `group` values (see ggml-turboq.c for the
+// algorithm): 128 for the shipped types, whose steps an architecture may accelerate, 64 for the
+// _G64 types (generic steps only).
 struct turboq_encode_steps {
+    int   group;
     float (*absmax)(const float * x);                           // max |x_i|, non-finite when some x_i is
     void  (*div_square)(const float * x, float d, float * y, float * t); // y_i = x_i/d, t_i = y_i*y_i
     float (*tree_sum)(float * v);                               // the halving-tree sum; destroys v
@@ -44,23 +47,23 @@ struct turboq_encode_steps {
 
 // ---- generic steps ----
 
-static inline float turboq_generic_absmax(const float * x) {
+static inline float turboq_generic_absmax_n(const float * x, int n) {
     float amax = 0.0f;
     int finite = 1;
-    for (int i = 0; i < TURBOQ_GROUP; ++i) {
+    for (int i = 0; i < n; ++i) {
         finite &= isfinite(x[i]) ? 1 : 0;
         amax = fmaxf(amax, fabsf(x[i]));
     }
     return finite ? amax : INFINITY;
 }
 
-static inline void turboq_generic_div_square(const float * x, float d, float * y, float * t) {
-    for (int i = 0; i < TURBOQ_GROUP; ++i) y[i] = x[i] / d;
-    for (int i = 0; i < TURBOQ_GROUP; ++i) t[i] = y[i] * y[i];
+static inline void turboq_generic_div_square_n(const float * x, float d, float * y, float * t, int n) {
+    for (int i = 0; i < n; ++i) y[i] = x[i] / d;
+    for (int i = 0; i < n; ++i) t[i] = y[i] * y[i];
 }
 
-static inline float turboq_generic_tree_sum(float * v) {
-    for (int h = TURBOQ_GROUP/2; h > 0; h >>= 1) {
+static inline float turboq_generic_tree_sum_n(float * v, int n) {
+    for (int h = n/2; h > 0; h >>= 1) {
         for (int i = 0; i < h; ++i) {
             v[i] = v[i] + v[i + h];
         }
@@ -68,9 +71,9 @@ static inline float turboq_generic_tree_sum(float * v) {
     return v[0];
 }
 
-static inline void turboq_generic_fwht(float * x) {
-    for (int h = 1; h < TURBOQ_GROUP; h <<= 1) {
-        for (int i = 0; i < TURBOQ_GROUP; i += 2*h) {
+static inline void turboq_generic_fwht_n(float * x, int n) {
+    for (int h = 1; h < n; h <<= 1) {
+        for (int i = 0; i < n; i += 2*h) {
             for (int j = i; j < i + h; ++j) {
                 const float a = x[j];
                 const float b = x[j + h];
@@ -81,16 +84,16 @@ static inline void turboq_generic_fwht(float * x) {
     }
 }
 
-static inline void turboq_generic_scale_signs(float * x, const float * k, const float * s) {
+static inline void turboq_generic_scale_signs_n(float * x, const float * k, const float * s, int n) {
     if (k) {
-        for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] = (x[i] * *k) * s[i];
+        for (int i = 0; i < n; ++i) x[i] = (x[i] * *k) * s[i];
     } else {
-        for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] = x[i] * s[i];
+        for (int i = 0; i < n; ++i) x[i] = x[i] * s[i];
     }
 }
 
-static inline void turboq_generic_index_thresholds(const float * thr, int n_thr, const float * y, uint8_t * idx) {
-    for (int i = 0; i < TURBOQ_GROUP; ++i) {
+static inline void turboq_generic_index_thresholds_n(const float * thr, int n_thr, const float * y, uint8_t * idx, int n) {
+    for (int i = 0; i < n; ++i) {
         int q = 0;
         for (int k = 0; k < n_thr; ++k) q += thr[k] < y[i];
         idx[i] = (uint8_t) q;
@@ -98,20 +101,44 @@ static inline void turboq_generic_index_thresholds(const float * thr, int n_thr,
 }
 
 // idx_i = floor(y_i * 127.5/max|y| + 128), clamped to 0..255
-static inline void turboq_generic_index_grid(const float * y, uint8_t * idx) {
+static inline void turboq_generic_index_grid_n(const float * y, uint8_t * idx, int n) {
     float ya = 0.0f;
-    for (int i = 0; i < TURBOQ_GROUP; ++i) ya = fmaxf(ya, fabsf(y[i]));
+    for (int i = 0; i < n; ++i) ya = fmaxf(ya, fabsf(y[i]));
     const float s = 127.5f / ya;
-    for (int i = 0; i < TURBOQ_GROUP; ++i) {
+    for (int i = 0; i < n; ++i) {
         const float q = floorf(y[i] * s + 128.0f);
         idx[i] = (uint8_t) (q < 0.0f ? 0 : q > 255.0f ? 255 : (int) q);
     }
 }
 
-static inline void turboq_generic_lookup(const float * tab, int n_tab, const uint8_t * idx, float * out) {
+static inline void turboq_generic_lookup_n(const float * tab, int n_tab, const uint8_t * idx, float * out, int n) {
     (void) n_tab;
-    for (int i = 0; i < TURBOQ_GROUP; ++i) out[i] = tab[idx[i]];
+    for (int i = 0; i < n; ++i) out[i] = tab[idx[i]];
 }
+
+// the steps for one group size G, named turboq_generic<SUFFIX>_<step>
+#define TURBOQ_GENERIC_STEPS_OF(SUFFIX, G)                                                                       \
+    static inline float turboq_generic##SUFFIX##_absmax(const float * x) { return turboq_generic_absmax_n(x, G); } \
+    static inline void turboq_generic##SUFFIX##_div_square(const float * x, float d, float * y, float * t) {     \
+        turboq_generic_div_square_n(x, d, y, t, G);                                                              \
+    }                                                                                                            \
+    static inline float turboq_generic##SUFFIX##_tree_sum(float * v) { return turboq_generic_tree_sum_n(v, G); } \
+    static inline void turboq_generic##SUFFIX##_fwht(float * x) { turboq_generic_fwht_n(x, G); }                \
+    static inline void turboq_generic##SUFFIX##_scale_signs(float * x, const float * k, const float * s) {       \
+        turboq_generic_scale_signs_n(x, k, s, G);                                                                \
+    }                                                                                                            \
+    static inline void turboq_generic##SUFFIX##_index_thresholds(const float * thr, int n_thr, const float * y, uint8_t * idx) { \
+        turboq_generic_index_thresholds_n(thr, n_thr, y, idx, G);                                                \
+    }                                                                                                            \
+    static inline void turboq_generic##SUFFIX##_index_grid(const float * y, uint8_t * idx) {                     \
+        turboq_generic_index_grid_n(y, idx, G);                                                                  \
+    }                                                                                                            \
+    static inline void turboq_generic##SUFFIX##_lookup(const float * tab, int n_tab, const uint8_t * idx, float * out) { \
+        turboq_generic_lookup_n(tab, n_tab, idx, out, G);                                                        \
+    }
+
+TURBOQ_GENERIC_STEPS_OF(, TURBOQ_GROUP)
+TURBOQ_GENERIC_STEPS_OF(64, QK_TURBOQ_G64)
 
 // the layouts (ggml-common.h): 2-bit fields qs[i] = idx[i] | idx[i+32] << 2 | idx[i+64] << 4 | idx[i+96] << 6
 static inline void turboq_generic_pack2(const uint8_t * idx, void * blk) {
@@ -142,7 +169,36 @@ static inline void turboq_generic_pack8(const uint8_t * idx, void * blk) {
     memcpy(((block_turboq8_0 *) blk)->qs, idx, TURBOQ_GROUP);
 }
 
+// the _G64 layouts: as above with 64 for 128
+static inline void turboq_generic64_pack2(const uint8_t * idx, void * blk) {
+    block_turboq2_g64 * b = (block_turboq2_g64 *) blk;
+    for (int i = 0; i < 16; ++i) {
+        b->qs[i] = (uint8_t) ((idx[i] & 3) | (idx[i + 16] & 3) << 2 | (idx[i + 32] & 3) << 4 | (idx[i + 48] & 3) << 6);
+    }
+}
+
+static inline void turboq_generic64_pack3(const uint8_t * idx, void * blk) {
+    block_turboq3_g64 * b = (block_turboq3_g64 *) blk;
+    static_assert(offsetof(block_turboq3_g64, qs) == offsetof(block_turboq2_g64, qs), "turboq3_g64 extends turboq2_g64's layout");
+    turboq_generic64_pack2(idx, blk);
+    for (int i = 0; i < 8; ++i) {
+        uint8_t h = 0;
+        for (int k = 0; k < 8; ++k) h |= ((idx[i + 8*k] >> 2) & 1) << k;
+        b->qh[i] = h;
+    }
+}
+
+static inline void turboq_generic64_pack4(const uint8_t * idx, void * blk) {
+    block_turboq4_g64 * b = (block_turboq4_g64 *) blk;
+    for (int i = 0; i < 32; ++i) b->qs[i] = (uint8_t) ((idx[i] & 15) | (idx[i + 32] & 15) << 4);
+}
+
+static inline void turboq_generic64_pack8(const uint8_t * idx, void * blk) {
+    memcpy(((block_turboq8_g64 *) blk)->qs, idx, QK_TURBOQ_G64);
+}
+
 static const struct turboq_encode_steps turboq_generic_steps = {
+    .group            = TURBOQ_GROUP,
     .absmax           = turboq_generic_absmax,
     .div_square       = turboq_generic_div_square,
     .tree_sum         = turboq_generic_tree_sum,
@@ -154,26 +210,57 @@ static const struct turboq_encode_steps turboq_generic_steps = {
     .pack             = { turboq_generic_pack2, turboq_generic_pack3, turboq_generic_pack4, turboq_generic_pack8 },
 };
 
+static const struct turboq_encode_steps turboq_generic64_steps = {
+    .group            = QK_TURBOQ_G64,
+    .absmax           = turboq_generic64_absmax,
+    .div_square       = turboq_generic64_div_square,
+    .tree_sum         = turboq_generic64_tree_sum,
+    .fwht             = turboq_generic64_fwht,
+    .scale_signs      = turboq_generic64_scale_signs,
+    .index_thresholds = turboq_generic64_index_thresholds,
+    .index_grid       = turboq_generic64_index_grid,
+    .lookup           = turboq_generic64_lookup,
+    .pack             = { turboq_generic64_pack2, turboq_generic64_pack3, turboq_generic64_pack4, turboq_generic64_pack8 },
+};
+
 // ---- the codebooks ----
 
 // One row per type. thresholds == NULL selects the uniform absmax grid.
 struct turboq_codebook {
+    int           group;
     size_t        block_bytes;
     const float * centroids;
     const float * thresholds;
     int           n_thresholds;
 };
 
+static_assert(GGML_TYPE_TURBOQ2_G64 == GGML_TYPE_TURBOQ8_0 + 1 && GGML_TYPE_TURBOQ8_G64 == GGML_TYPE_TURBOQ2_0 + 7,
+              "the turboq types are eight consecutive ids: turboq2/3/4/8, then their _G64 twins");
+
+// 0..7 for turboq2/3/4/8 and turboq2/3/4/8_g64
+static inline int turboq_type_index(enum ggml_type type) {
+    GGML_ASSERT(ggml_turboq_group(type) != 0);
+    return (int) (type - GGML_TYPE_TURBOQ2_0);
+}
+
 static const struct turboq_codebook turboq_codebooks[] = {
-    [GGML_TYPE_TURBOQ2_0 - GGML_TYPE_TURBOQ2_0] = { sizeof(block_turboq2_0), turboq2_centroids, turboq2_thresholds, 3  },
-    [GGML_TYPE_TURBOQ3_0 - GGML_TYPE_TURBOQ2_0] = { sizeof(block_turboq3_0), turboq3_centroids, turboq3_thresholds, 7  },
-    [GGML_TYPE_TURBOQ4_0 - GGML_TYPE_TURBOQ2_0] = { sizeof(block_turboq4_0), turboq4_centroids, turboq4_thresholds, 15 },
-    [GGML_TYPE_TURBOQ8_0 - GGML_TYPE_TURBOQ2_0] = { sizeof(block_turboq8_0), turboq8_centroids, NULL,               0  },
+    { TURBOQ_GROUP,  sizeof(block_turboq2_0),   turboq2_centroids,     turboq2_thresholds,     3  },
+    { TURBOQ_GROUP,  sizeof(block_turboq3_0),   turboq3_centroids,     turboq3_thresholds,     7  },
+    { TURBOQ_GROUP,  sizeof(block_turboq4_0),   turboq4_centroids,     turboq4_thresholds,     15 },
+    { TURBOQ_GROUP,  sizeof(block_turboq8_0),   turboq8_centroids,     NULL,                   0  },
+    { QK_TURBOQ_G64, sizeof(block_turboq2_g64), turboq2_g64_centroids, turboq2_g64_thresholds, 3  },
+    { QK_TURBOQ_G64, sizeof(block_turboq3_g64), turboq3_g64_centroids, turboq3_g64_thresholds, 7  },
+    { QK_TURBOQ_G64, sizeof(block_turboq4_g64), turboq4_g64_centroids, turboq4_g64_thresholds, 15 },
+    { QK_TURBOQ_G64, sizeof(block_turboq8_g64), turboq8_centroids,     NULL,                   0  },
 };
 
 static inline const struct turboq_codebook * turboq_codebook_of(enum ggml_type type) {
-    GGML_ASSERT(ggml_is_turboq(type));
-    return &turboq_codebooks[type - GGML_TYPE_TURBOQ2_0];
+    return &turboq_codebooks[turboq_type_index(type)];
+}
+
+// 1/sqrt(group)
+static inline float turboq_inv_sqrt_group(int group) {
+    return group == QK_TURBOQ_G64 ? TURBOQ_G64_INV_SQRT_GROUP : TURBOQ_INV_SQRT_GROUP;
 }
 
 static inline int turboq_codebook_levels(const struct turboq_codebook * cb) {
@@ -182,19 +269,19 @@ static inline int turboq_codebook_levels(const struct turboq_codebook * cb) {
 
 // ---- the algorithm ----
 
-// y = D2.H.D1.x/sqrt(128)
+// y = D2.H.D1.x/sqrt(group), on the first `group` signs
 static inline void turboq_rotate_group_with(const struct turboq_encode_steps * st, float * x,
                                             const float * s1, const float * s2) {
-    const float k = TURBOQ_INV_SQRT_GROUP;
+    const float k = turboq_inv_sqrt_group(st->group);
     st->scale_signs(x, NULL, s1);
     st->fwht(x);
     st->scale_signs(x, &k, s2);
 }
 
-// x = D1.H.D2.y/sqrt(128) * scale: the inverse, with a block's norm folded in
+// x = D1.H.D2.y/sqrt(group) * scale: the inverse, with a block's norm folded in
 static inline void turboq_unrotate_group_with(const struct turboq_encode_steps * st, float * x, float scale,
                                               const float * s1, const float * s2) {
-    const float k = scale * TURBOQ_INV_SQRT_GROUP;
+    const float k = scale * turboq_inv_sqrt_group(st->group);
     st->scale_signs(x, NULL, s2);
     st->fwht(x);
     st->scale_signs(x, &k, s1);
@@ -203,9 +290,10 @@ static inline void turboq_unrotate_group_with(const struct turboq_encode_steps *
 // Returns the corrected norm and fills idx; see the header comment of ggml-turboq.c for the steps.
 static inline float turboq_encode_group_with(const struct turboq_encode_steps * st, const struct turboq_codebook * cb,
                                              const float * x, uint8_t * idx, const float * s1, const float * s2) {
+    const int g = st->group;
     const float amax = st->absmax(x);
     if (!isfinite(amax) || amax == 0.0f) {
-        memset(idx, 0, TURBOQ_GROUP);
+        memset(idx, 0, g);
         return 0.0f;
     }
 
@@ -224,27 +312,36 @@ static inline float turboq_encode_group_with(const struct turboq_encode_steps * 
     }
 
     st->lookup(cb->centroids, turboq_codebook_levels(cb), idx, t);
-    for (int i = 0; i < TURBOQ_GROUP; ++i) t[i] = t[i] * t[i];
+    for (int i = 0; i < g; ++i) t[i] = t[i] * t[i];
     const float cn = sqrtf(st->tree_sum(t));
     const float norm = (amax * r) / cn;
     return fminf(norm, TURBOQ_FP16_MAX);
 }
 
+// st: steps of the type's group size (turboq_steps_for)
 static inline void turboq_quantize_row_with(const struct turboq_encode_steps * st, enum ggml_type type,
                                             const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k) {
     const struct turboq_codebook * cb = turboq_codebook_of(type);
-    void (*const pack)(const uint8_t *, void *) = st->pack[type - GGML_TYPE_TURBOQ2_0];
+    GGML_ASSERT(st->group == cb->group);
+    void (*const pack)(const uint8_t *, void *) = st->pack[turboq_type_index(type) % 4];
     const float * s1;
     const float * s2;
     ggml_turboq_signs(&s1, &s2);
-    assert(k % TURBOQ_GROUP == 0);
+    const int g = cb->group;
+    assert(k % g == 0);
     uint8_t idx[TURBOQ_GROUP];
-    for (int64_t ib = 0; ib < k / TURBOQ_GROUP; ++ib) {
+    for (int64_t ib = 0; ib < k / g; ++ib) {
         char * blk = (char *) y + ib * cb->block_bytes;
-        const float norm = turboq_encode_group_with(st, cb, x + ib * TURBOQ_GROUP, idx, s1, s2);
+        const float norm = turboq_encode_group_with(st, cb, x + ib * g, idx, s1, s2);
         memset(blk, 0, cb->block_bytes); // also turboq4's reserved rnorm, always 0
         const ggml_half h = GGML_FP32_TO_FP16(norm);
         memcpy(blk, &h, sizeof(h)); // every layout starts with its fp16 norm
         pack(idx, blk);
     }
+}
+
+// the steps for a type: st128 (an architecture's or the generic ones) for the 128-value types,
+// the generic 64-value steps for the _G64 types
+static inline const struct turboq_encode_steps * turboq_steps_for(enum ggml_type type, const struct turboq_encode_steps * st128) {
+    return turboq_codebook_of(type)->group == QK_TURBOQ_G64 ? &turboq_generic64_steps : st128;
 }

@@ -6,6 +6,7 @@
 
 #define TURBOQ_GROUP 128
 #define TURBOQ_INV_SQRT_GROUP 8.838834614e-02f
+#define TURBOQ_G64_INV_SQRT_GROUP 1.250000000e-01f
 
 // CUDA includes this with TURBOQ_TABLE defined as `static __constant__ const`
 #ifndef TURBOQ_TABLE
@@ -65,6 +66,41 @@ TURBOQ_TABLE float turboq4_thresholds[15] = {
     2.273487300e-02f, 4.597615451e-02f, 7.031919807e-02f, 9.657993168e-02f,
     1.260695755e-01f, 1.613436341e-01f, 2.092714310e-01f
 };
+
+// The _g64 types (64-value groups, CPU only): the first 64 signs of each table above, and
+// Lloyd-Max codebooks for a unit vector in R^64; turboq8_g64 takes turboq8's grid.
+// 4 levels; E||u - Q(u)||^2 = 0.114526 for a unit vector in R^64
+TURBOQ_TABLE float turboq2_g64_centroids[4] = {
+    -1.874980330e-01f, -5.651546270e-02f, 5.651546270e-02f, 1.874980330e-01f
+};
+TURBOQ_TABLE float turboq2_g64_thresholds[3] = {
+    -1.220067516e-01f, 0.000000000e+00f, 1.220067516e-01f
+};
+
+// 8 levels; E||u - Q(u)||^2 = 0.033391 for a unit vector in R^64
+TURBOQ_TABLE float turboq3_g64_centroids[8] = {
+    -2.639198303e-01f, -1.661743969e-01f, -9.383735061e-02f, -3.047108464e-02f,
+    3.047108464e-02f, 9.383735061e-02f, 1.661743969e-01f, 2.639198303e-01f
+};
+TURBOQ_TABLE float turboq3_g64_thresholds[7] = {
+    -2.150471210e-01f, -1.300058812e-01f, -6.215421855e-02f, 0.000000000e+00f,
+    6.215421855e-02f, 1.300058812e-01f, 2.150471210e-01f
+};
+
+// 16 levels; E||u - Q(u)||^2 = 0.009132 for a unit vector in R^64
+TURBOQ_TABLE float turboq4_g64_centroids[16] = {
+    -3.308147788e-01f, -2.529357076e-01f, -1.988791972e-01f, -1.549483091e-01f,
+    -1.165076420e-01f, -8.132915199e-02f, -4.810165614e-02f, -1.592322439e-02f,
+    1.592322439e-02f, 4.810165614e-02f, 8.132915199e-02f, 1.165076420e-01f,
+    1.549483091e-01f, 1.988791972e-01f, 2.529357076e-01f, 3.308147788e-01f
+};
+TURBOQ_TABLE float turboq4_g64_thresholds[15] = {
+    -2.918752432e-01f, -2.259074450e-01f, -1.769137532e-01f, -1.357279718e-01f,
+    -9.891840070e-02f, -6.471540779e-02f, -3.201244026e-02f, 0.000000000e+00f,
+    3.201244026e-02f, 6.471540779e-02f, 9.891840070e-02f, 1.357279718e-01f,
+    1.769137532e-01f, 2.259074450e-01f, 2.918752432e-01f
+};
+
 
 // uniform grid (i - 127.5) / 127.5; E||u - Q(u)||^2 ~= 4.051e-05 for a unit vector
 TURBOQ_TABLE float turboq8_centroids[256] = {

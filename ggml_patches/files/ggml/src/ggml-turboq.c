@@ -1,6 +1,7 @@
 // TurboQuant KV-cache codec (pyturbo).
 //
-// Encoding one 128-value group x:
+// Encoding one 128-value group x (the _g64 types: 64 values, the first 64 signs and their own
+// codebooks; read 64 for 128 below):
 //   1. amax = max|x_i|; a group with a NaN/Inf or all zeros is stored as an all-zero block, so a
 //      bad value never reaches (and poisons) the softmax of other tokens.
 //   2. u = x/amax, r = ||u|| (dividing first keeps huge and denormal inputs in range), v = u/r.
@@ -83,52 +84,86 @@ static void turboq8_unpack(const void * blk, uint8_t * idx) {
     memcpy(idx, ((const block_turboq8_0 *) blk)->qs, TURBOQ_GROUP);
 }
 
+static void turboq2_g64_unpack(const void * blk, uint8_t * idx) {
+    const block_turboq2_g64 * b = (const block_turboq2_g64 *) blk;
+    for (int i = 0; i < 16; ++i) {
+        for (int k = 0; k < 4; ++k) idx[i + 16*k] = (b->qs[i] >> (2*k)) & 3;
+    }
+}
+
+static void turboq3_g64_unpack(const void * blk, uint8_t * idx) {
+    const block_turboq3_g64 * b = (const block_turboq3_g64 *) blk;
+    turboq2_g64_unpack(blk, idx);
+    for (int i = 0; i < 8; ++i) {
+        for (int k = 0; k < 8; ++k) idx[i + 8*k] |= ((b->qh[i] >> k) & 1) << 2;
+    }
+}
+
+static void turboq4_g64_unpack(const void * blk, uint8_t * idx) {
+    const block_turboq4_g64 * b = (const block_turboq4_g64 *) blk;
+    for (int i = 0; i < 32; ++i) {
+        idx[i]      = b->qs[i] & 15;
+        idx[i + 32] = b->qs[i] >> 4;
+    }
+}
+
+static void turboq8_g64_unpack(const void * blk, uint8_t * idx) {
+    memcpy(idx, ((const block_turboq8_g64 *) blk)->qs, QK_TURBOQ_G64);
+}
+
 static void (*const turboq_unpack[])(const void * blk, uint8_t * idx) = {
-    turboq2_unpack, turboq3_unpack, turboq4_unpack, turboq8_unpack,
+    turboq2_unpack,     turboq3_unpack,     turboq4_unpack,     turboq8_unpack,
+    turboq2_g64_unpack, turboq3_g64_unpack, turboq4_g64_unpack, turboq8_g64_unpack,
 };
 
 float ggml_turboq_decode_rotated(enum ggml_type type, const void * GGML_RESTRICT block, float * GGML_RESTRICT out) {
     const struct turboq_codebook * cb = turboq_codebook_of(type);
     uint8_t idx[TURBOQ_GROUP];
-    turboq_unpack[type - GGML_TYPE_TURBOQ2_0](block, idx);
-    turboq_generic_lookup(cb->centroids, turboq_codebook_levels(cb), idx, out);
+    turboq_unpack[turboq_type_index(type)](block, idx);
+    turboq_generic_lookup_n(cb->centroids, turboq_codebook_levels(cb), idx, out, cb->group);
     ggml_half h;
     memcpy(&h, block, sizeof(h));
     return GGML_FP16_TO_FP32(h);
 }
 
 static void turboq_dequantize_row(enum ggml_type type, const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t k) {
-    const size_t block_bytes = turboq_codebook_of(type)->block_bytes;
-    assert(k % TURBOQ_GROUP == 0);
-    for (int64_t ib = 0; ib < k / TURBOQ_GROUP; ++ib) {
-        float * out = y + ib * TURBOQ_GROUP;
-        const float norm = ggml_turboq_decode_rotated(type, (const char *) x + ib * block_bytes, out);
-        turboq_unrotate_group_with(&turboq_generic_steps, out, norm, turboq_sign1, turboq_sign2);
+    const struct turboq_codebook * cb = turboq_codebook_of(type);
+    const struct turboq_encode_steps * st = turboq_steps_for(type, &turboq_generic_steps);
+    const int g = cb->group;
+    assert(k % g == 0);
+    for (int64_t ib = 0; ib < k / g; ++ib) {
+        float * out = y + ib * g;
+        const float norm = ggml_turboq_decode_rotated(type, (const char *) x + ib * cb->block_bytes, out);
+        turboq_unrotate_group_with(st, out, norm, turboq_sign1, turboq_sign2);
     }
 }
 
 static size_t turboq_quantize(enum ggml_type type, const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row) {
     const size_t row_size = ggml_row_size(type, n_per_row);
     for (int64_t r = 0; r < nrows; ++r) {
-        turboq_quantize_row_with(&turboq_generic_steps, type, src + r * n_per_row, (char *) dst + r * row_size, n_per_row);
+        turboq_quantize_row_with(turboq_steps_for(type, &turboq_generic_steps), type, src + r * n_per_row, (char *) dst + r * row_size, n_per_row);
     }
     return nrows * row_size;
 }
 
-#define TURBOQ_DEFINE_ENTRY_POINTS(N)                                                                          \
-    void quantize_row_turboq##N##_0_ref(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k) {    \
-        turboq_quantize_row_with(&turboq_generic_steps, GGML_TYPE_TURBOQ##N##_0, x, y, k);                     \
+#define TURBOQ_DEFINE_ENTRY_POINTS(N, SUF, TYPE)                                                               \
+    void quantize_row_turboq##N##SUF##_ref(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k) { \
+        turboq_quantize_row_with(turboq_steps_for(TYPE, &turboq_generic_steps), TYPE, x, y, k);                \
     }                                                                                                          \
-    void dequantize_row_turboq##N##_0(const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t k) {      \
-        turboq_dequantize_row(GGML_TYPE_TURBOQ##N##_0, x, y, k);                                               \
+    void dequantize_row_turboq##N##SUF(const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t k) {     \
+        turboq_dequantize_row(TYPE, x, y, k);                                                                  \
     }                                                                                                          \
-    size_t quantize_turboq##N##_0(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows,    \
+    size_t quantize_turboq##N##SUF(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows,   \
                                   int64_t n_per_row, const float * imatrix) {                                  \
         GGML_UNUSED(imatrix);                                                                                  \
-        return turboq_quantize(GGML_TYPE_TURBOQ##N##_0, src, dst, nrows, n_per_row);                           \
+        return turboq_quantize(TYPE, src, dst, nrows, n_per_row);                                              \
     }
 
-TURBOQ_DEFINE_ENTRY_POINTS(2)
-TURBOQ_DEFINE_ENTRY_POINTS(3)
-TURBOQ_DEFINE_ENTRY_POINTS(4)
-TURBOQ_DEFINE_ENTRY_POINTS(8)
+TURBOQ_DEFINE_ENTRY_POINTS(2, _0, GGML_TYPE_TURBOQ2_0)
+TURBOQ_DEFINE_ENTRY_POINTS(3, _0, GGML_TYPE_TURBOQ3_0)
+TURBOQ_DEFINE_ENTRY_POINTS(4, _0, GGML_TYPE_TURBOQ4_0)
+TURBOQ_DEFINE_ENTRY_POINTS(8, _0, GGML_TYPE_TURBOQ8_0)
+TURBOQ_DEFINE_ENTRY_POINTS(2, _g64, GGML_TYPE_TURBOQ2_G64)
+TURBOQ_DEFINE_ENTRY_POINTS(3, _g64, GGML_TYPE_TURBOQ3_G64)
+TURBOQ_DEFINE_ENTRY_POINTS(4, _g64, GGML_TYPE_TURBOQ4_G64)
+TURBOQ_DEFINE_ENTRY_POINTS(8, _g64, GGML_TYPE_TURBOQ8_G64)

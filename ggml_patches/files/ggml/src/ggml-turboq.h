@@ -27,6 +27,20 @@ GGML_API size_t quantize_turboq3_0(const float * GGML_RESTRICT src, void * GGML_
 GGML_API size_t quantize_turboq4_0(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
 GGML_API size_t quantize_turboq8_0(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
 
+// the _g64 types: the same on 64-value groups
+GGML_API void quantize_row_turboq2_g64_ref(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+GGML_API void quantize_row_turboq3_g64_ref(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+GGML_API void quantize_row_turboq4_g64_ref(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+GGML_API void quantize_row_turboq8_g64_ref(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+GGML_API void dequantize_row_turboq2_g64(const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t k);
+GGML_API void dequantize_row_turboq3_g64(const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t k);
+GGML_API void dequantize_row_turboq4_g64(const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t k);
+GGML_API void dequantize_row_turboq8_g64(const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t k);
+GGML_API size_t quantize_turboq2_g64(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
+GGML_API size_t quantize_turboq3_g64(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
+GGML_API size_t quantize_turboq4_g64(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
+GGML_API size_t quantize_turboq8_g64(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
+
 // The seed of a build configured with PYTURBO_SIGN_SEED (a debug option: other rotation signs, for
 // every backend of that build), as text, or NULL for the shipped signs.
 GGML_API const char * ggml_turboq_sign_seed(void);
@@ -34,7 +48,8 @@ GGML_API const char * ggml_turboq_sign_seed(void);
 // The rotation's signs D1 (s1) and D2 (s2), 128 values each: the generated tables'.
 GGML_API void ggml_turboq_signs(const float ** s1, const float ** s2);
 
-// Rotated-domain decode of one block: out[i] = centroid[idx_i] (unscaled); returns the block norm.
+// Rotated-domain decode of one block: out[i] = centroid[idx_i] (unscaled), ggml_turboq_group(type)
+// values; returns the block norm.
 GGML_API float ggml_turboq_decode_rotated(enum ggml_type type, const void * GGML_RESTRICT block, float * GGML_RESTRICT out);
 
 #ifdef __cplusplus

@@ -46,7 +46,7 @@ bool path_enabled() {
 }
 
 bool decodable(ggml_type t) {
-    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || ggml_is_turboq(t) || ggml_get_type_traits(t)->to_float != nullptr;
+    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || ggml_turboq_group(t) || ggml_get_type_traits(t)->to_float != nullptr;
 }
 
 // a cached row as f32, in the domain attention runs in (rotated for turboq)
@@ -55,7 +55,7 @@ void decode_row(ggml_type t, const void * x, float * y, int64_t n) {
         memcpy(y, x, n*sizeof(float));
     } else if (t == GGML_TYPE_F16) {
         ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) x, y, n);
-    } else if (ggml_is_turboq(t)) {
+    } else if (ggml_turboq_group(t)) {
         ggml_turboq_fa_decode_row(t, x, y, n);
     } else {
         ggml_get_type_traits(t)->to_float(x, y, n);
@@ -185,7 +185,7 @@ void run_tile(const attn & a, int64_t g, int64_t r0, int64_t r1, int64_t c0, int
             Kd[d] = pq[d]*a.scale;
         }
         if (a.k_rot) {
-            ggml_turboq_cpu_rotate(Kd, DK);
+            ggml_turboq_cpu_rotate(a.k->type, Kd, DK);
         }
         if (by_dot) {
             memcpy(Qt + t*DK, Kd, DK*sizeof(float));
@@ -288,7 +288,7 @@ void run_tile(const attn & a, int64_t g, int64_t r0, int64_t r1, int64_t c0, int
     for (int64_t t = 0; t < n; ++t) {
         float * o = O + t*DV;
         if (a.v_rot) {
-            ggml_turboq_cpu_unrotate(o, DV);
+            ggml_turboq_cpu_unrotate(a.v->type, o, DV);
         }
         if (partials) {
             float * part = partials + ((g*a.p.rows + r0 + t)*a.p.nsplit + isplit)*(2 + DV);
@@ -386,8 +386,8 @@ bool ggml_fa_tiled_q_supported(const ggml_tensor * dst) {
     // a tile shares one K head and one V head
     return k->ne[2] == v->ne[2] && k->ne[3] == v->ne[3] &&
            q->ne[2] % k->ne[2] == 0 && q->ne[3] % k->ne[3] == 0 &&
-           (!ggml_is_turboq(k->type) || k->ne[0] % 128 == 0) &&
-           (!ggml_is_turboq(v->type) || v->ne[0] % 128 == 0);
+           (!ggml_turboq_group(k->type) || k->ne[0] % ggml_turboq_group(k->type) == 0) &&
+           (!ggml_turboq_group(v->type) || v->ne[0] % ggml_turboq_group(v->type) == 0);
 }
 
 size_t ggml_fa_tiled_q_work_size(const ggml_tensor * dst, int n_threads) {
@@ -417,8 +417,8 @@ void ggml_fa_tiled_q_compute(const ggml_compute_params * params, ggml_tensor * d
     a.dst   = dst;
     a.DK    = a.k->ne[0];
     a.DV    = a.v->ne[0];
-    a.k_rot = ggml_is_turboq(a.k->type);
-    a.v_rot = ggml_is_turboq(a.v->type);
+    a.k_rot = ggml_turboq_group(a.k->type) != 0;
+    a.v_rot = ggml_turboq_group(a.v->type) != 0;
 
     memcpy(&a.scale,    (const float *) dst->op_params + 0, sizeof(float));
     memcpy(&a.max_bias, (const float *) dst->op_params + 1, sizeof(float));

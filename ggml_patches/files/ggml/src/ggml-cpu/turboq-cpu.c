@@ -94,6 +94,106 @@ TURBOQ_DEFINE_FA_KERNELS(3)
 TURBOQ_DEFINE_FA_KERNELS(4)
 TURBOQ_DEFINE_FA_KERNELS(8)
 
+// The _g64 types (64-value groups): generic code only. turboqN_g64_decode: a block's centroid
+// values in the rotated domain (unscaled), straight from its bytes (ggml_turboq_decode_rotated
+// unpacks to indices first: the same values, measured 1.7x slower in decode)
+static inline float turboq_g64_norm(const void * vb) {
+    ggml_half h;
+    memcpy(&h, vb, sizeof(h));
+    return GGML_CPU_FP16_TO_FP32(h);
+}
+
+static float turboq2_g64_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq2_g64 * b = (const block_turboq2_g64 *) vb;
+    for (int k = 0; k < 4; ++k) {
+        for (int i = 0; i < 16; ++i) out[i + 16*k] = turboq2_g64_centroids[(b->qs[i] >> (2*k)) & 3];
+    }
+    return turboq_g64_norm(vb);
+}
+
+static float turboq3_g64_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq3_g64 * b = (const block_turboq3_g64 *) vb;
+    for (int k = 0; k < 4; ++k) {
+        for (int i = 0; i < 16; ++i) {
+            const int j = i + 16*k; // high bit: qh[j % 8], bit j / 8
+            out[j] = turboq3_g64_centroids[((b->qs[i] >> (2*k)) & 3) | (((b->qh[j & 7] >> (j >> 3)) & 1) << 2)];
+        }
+    }
+    return turboq_g64_norm(vb);
+}
+
+static float turboq4_g64_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq4_g64 * b = (const block_turboq4_g64 *) vb;
+    for (int i = 0; i < 32; ++i) {
+        out[i]      = turboq4_g64_centroids[b->qs[i] & 15];
+        out[i + 32] = turboq4_g64_centroids[b->qs[i] >> 4];
+    }
+    return turboq_g64_norm(vb);
+}
+
+static float turboq8_g64_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq8_g64 * b = (const block_turboq8_g64 *) vb;
+    for (int i = 0; i < QK_TURBOQ_G64; ++i) out[i] = turboq8_centroids[b->qs[i]];
+    return turboq_g64_norm(vb);
+}
+static inline float turboq_dot64(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b) {
+    float s[8] = {0};
+    for (int i = 0; i < QK_TURBOQ_G64; i += 8) {
+        for (int l = 0; l < 8; ++l) s[l] += a[i + l]*b[i + l];
+    }
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+#define TURBOQ_DEFINE_G64_KERNELS(N)                                                                            \
+    static void turboq##N##_g64_fa_kq_dot(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, \
+                                          size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc) {        \
+        GGML_UNUSED(bs); GGML_UNUSED(bx); GGML_UNUSED(by); GGML_UNUSED(nrc);                                    \
+        const block_turboq##N##_g64 * x = (const block_turboq##N##_g64 *) vx;                                   \
+        const float * q = (const float *) vy;                                                                   \
+        float c[QK_TURBOQ_G64];                                                                                 \
+        float sum = 0.0f;                                                                                       \
+        for (int ib = 0; ib < n / QK_TURBOQ_G64; ++ib) {                                                        \
+            const float norm = turboq##N##_g64_decode(x + ib, c);                \
+            sum += norm * turboq_dot64(c, q + ib*QK_TURBOQ_G64);                                                \
+        }                                                                                                       \
+        *s = sum;                                                                                               \
+    }                                                                                                           \
+    static void turboq##N##_g64_fa_v_mad(int64_t n, float * GGML_RESTRICT acc, const void * GGML_RESTRICT vv, float w) { \
+        const block_turboq##N##_g64 * v = (const block_turboq##N##_g64 *) vv;                                   \
+        float c[QK_TURBOQ_G64];                                                                                 \
+        for (int64_t ib = 0; ib < n / QK_TURBOQ_G64; ++ib) {                                                    \
+            const float wn = w*turboq##N##_g64_decode(v + ib, c);                \
+            float * GGML_RESTRICT a = acc + ib*QK_TURBOQ_G64;                                                   \
+            for (int i = 0; i < QK_TURBOQ_G64; ++i) a[i] += c[i]*wn;                                            \
+        }                                                                                                       \
+    }                                                                                                           \
+    static void turboq##N##_g64_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) { \
+        const block_turboq##N##_g64 * x = (const block_turboq##N##_g64 *) vx;                                   \
+        for (int64_t ib = 0; ib < n / QK_TURBOQ_G64; ++ib) {                                                    \
+            float * GGML_RESTRICT out = y + ib*QK_TURBOQ_G64;                                                   \
+            const float norm = turboq##N##_g64_decode(x + ib, out);              \
+            for (int i = 0; i < QK_TURBOQ_G64; ++i) out[i] *= norm;                                             \
+        }                                                                                                       \
+    }                                                                                                           \
+    void ggml_vec_dot_turboq##N##_g64_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, \
+                                          size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc) {        \
+        GGML_UNUSED(bs); GGML_UNUSED(bx); GGML_UNUSED(by); GGML_UNUSED(nrc);                                    \
+        const block_turboq##N##_g64 * x = (const block_turboq##N##_g64 *) vx;                                   \
+        const float * y = (const float *) vy;                                                                   \
+        float tmp[QK_TURBOQ_G64];                                                                               \
+        float sum = 0.0f;                                                                                       \
+        for (int ib = 0; ib < n / QK_TURBOQ_G64; ++ib) {                                                        \
+            dequantize_row_turboq##N##_g64(x + ib, tmp, QK_TURBOQ_G64);                                         \
+            sum += turboq_dot64(tmp, y + ib*QK_TURBOQ_G64);                                                     \
+        }                                                                                                       \
+        *s = sum;                                                                                               \
+    }
+
+TURBOQ_DEFINE_G64_KERNELS(2)
+TURBOQ_DEFINE_G64_KERNELS(3)
+TURBOQ_DEFINE_G64_KERNELS(4)
+TURBOQ_DEFINE_G64_KERNELS(8)
+
 #define TURBOQ_DEFINE_DECODE_ROW(N)                                                                             \
     static void turboq##N##_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {    \
         const block_turboq##N##_0 * x = (const block_turboq##N##_0 *) vx;                                       \
@@ -120,17 +220,21 @@ static const struct {
     [GGML_TYPE_TURBOQ3_0 - GGML_TYPE_TURBOQ2_0] = { turboq3_fa_kq_dot, turboq3_fa_v_mad, turboq3_decode_row },
     [GGML_TYPE_TURBOQ4_0 - GGML_TYPE_TURBOQ2_0] = { turboq4_fa_kq_dot, turboq4_fa_v_mad, turboq4_decode_row },
     [GGML_TYPE_TURBOQ8_0 - GGML_TYPE_TURBOQ2_0] = { turboq8_fa_kq_dot, turboq8_fa_v_mad, turboq8_decode_row },
+    [GGML_TYPE_TURBOQ2_G64 - GGML_TYPE_TURBOQ2_0] = { turboq2_g64_fa_kq_dot, turboq2_g64_fa_v_mad, turboq2_g64_decode_row },
+    [GGML_TYPE_TURBOQ3_G64 - GGML_TYPE_TURBOQ2_0] = { turboq3_g64_fa_kq_dot, turboq3_g64_fa_v_mad, turboq3_g64_decode_row },
+    [GGML_TYPE_TURBOQ4_G64 - GGML_TYPE_TURBOQ2_0] = { turboq4_g64_fa_kq_dot, turboq4_g64_fa_v_mad, turboq4_g64_decode_row },
+    [GGML_TYPE_TURBOQ8_G64 - GGML_TYPE_TURBOQ2_0] = { turboq8_g64_fa_kq_dot, turboq8_g64_fa_v_mad, turboq8_g64_decode_row },
 };
 
 ggml_vec_dot_t ggml_turboq_fa_kq_dot(enum ggml_type k_type) {
-    return ggml_is_turboq(k_type) ? turboq_fa_kernels[k_type - GGML_TYPE_TURBOQ2_0].kq_dot : NULL;
+    return ggml_turboq_group(k_type) ? turboq_fa_kernels[k_type - GGML_TYPE_TURBOQ2_0].kq_dot : NULL;
 }
 
 ggml_turboq_fa_v_mad_t ggml_turboq_fa_v_mad(enum ggml_type v_type) {
-    return ggml_is_turboq(v_type) ? turboq_fa_kernels[v_type - GGML_TYPE_TURBOQ2_0].v_mad : NULL;
+    return ggml_turboq_group(v_type) ? turboq_fa_kernels[v_type - GGML_TYPE_TURBOQ2_0].v_mad : NULL;
 }
 
 void ggml_turboq_fa_decode_row(enum ggml_type type, const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t n) {
-    GGML_ASSERT(ggml_is_turboq(type));
+    GGML_ASSERT(ggml_turboq_group(type));
     turboq_fa_kernels[type - GGML_TYPE_TURBOQ2_0].decode_row(x, y, n);
 }

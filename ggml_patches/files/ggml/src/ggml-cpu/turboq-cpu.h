@@ -20,23 +20,32 @@ void quantize_row_turboq2_0(const float * GGML_RESTRICT x, void * GGML_RESTRICT 
 void quantize_row_turboq3_0(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
 void quantize_row_turboq4_0(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
 void quantize_row_turboq8_0(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+void quantize_row_turboq2_g64(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+void quantize_row_turboq3_g64(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+void quantize_row_turboq4_g64(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+void quantize_row_turboq8_g64(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
 
-// The rotation y = D2.H.D1.x/sqrt(128) of each 128-group of x[0..n), in place, and its inverse.
+// The rotation y = D2.H.D1.x/sqrt(g) of each g-group of x[0..n), in place, and its inverse, with g
+// the group of turboq type `type` (128, or 64 for the _g64 types).
 // Flash attention works in the rotated domain: q.k = rotate(q).k_rot and sum(w*v) = unrotate(sum(w*v_rot)).
-void ggml_turboq_cpu_rotate  (float * x, int64_t n);
-void ggml_turboq_cpu_unrotate(float * x, int64_t n);
+void ggml_turboq_cpu_rotate  (enum ggml_type type, float * x, int64_t n);
+void ggml_turboq_cpu_unrotate(enum ggml_type type, float * x, int64_t n);
 
 // type_traits_cpu: dot products in the original domain (mul_mat with a turboq src0, F32 src1)
 void ggml_vec_dot_turboq2_0_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
 void ggml_vec_dot_turboq3_0_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
 void ggml_vec_dot_turboq4_0_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
 void ggml_vec_dot_turboq8_0_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
+void ggml_vec_dot_turboq2_g64_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
+void ggml_vec_dot_turboq3_g64_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
+void ggml_vec_dot_turboq4_g64_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
+void ggml_vec_dot_turboq8_g64_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
 
 // flash attention, rotated domain
 typedef void (*ggml_turboq_fa_v_mad_t)(int64_t n, float * GGML_RESTRICT acc, const void * GGML_RESTRICT v, float w);
 
-// from_float-shaped: copies Q and rotates it (n a multiple of 128)
-void ggml_turboq_fa_rotate_q(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t n);
+// from_float-shaped: copies Q and rotates it for a K of type k_type (n a multiple of its group)
+ggml_from_float_t      ggml_turboq_fa_rotate_q(enum ggml_type k_type);
 // vec_dot-shaped: K row (x) . rotated Q (y)
 ggml_vec_dot_t         ggml_turboq_fa_kq_dot(enum ggml_type k_type);
 // acc += w * V row, acc in the rotated domain

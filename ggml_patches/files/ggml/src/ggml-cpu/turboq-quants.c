@@ -19,35 +19,51 @@ static const struct turboq_encode_steps turboq_cpu_steps = TURBOQ_ARCH_ENCODE_ST
 #define turboq_cpu_steps turboq_generic_steps
 #endif
 
-#define TURBOQ_DEFINE_QUANTIZE_ROW(N)                                                                       \
-    void quantize_row_turboq##N##_0(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k) {     \
-        turboq_quantize_row_with(&turboq_cpu_steps, GGML_TYPE_TURBOQ##N##_0, x, y, k);                      \
+#define TURBOQ_DEFINE_QUANTIZE_ROW(N, SUF, TYPE)                                                             \
+    void quantize_row_turboq##N##SUF(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k) {     \
+        turboq_quantize_row_with(turboq_steps_for(TYPE, &turboq_cpu_steps), TYPE, x, y, k);                  \
     }
 
-TURBOQ_DEFINE_QUANTIZE_ROW(2)
-TURBOQ_DEFINE_QUANTIZE_ROW(3)
-TURBOQ_DEFINE_QUANTIZE_ROW(4)
-TURBOQ_DEFINE_QUANTIZE_ROW(8)
+TURBOQ_DEFINE_QUANTIZE_ROW(2, _0, GGML_TYPE_TURBOQ2_0)
+TURBOQ_DEFINE_QUANTIZE_ROW(3, _0, GGML_TYPE_TURBOQ3_0)
+TURBOQ_DEFINE_QUANTIZE_ROW(4, _0, GGML_TYPE_TURBOQ4_0)
+TURBOQ_DEFINE_QUANTIZE_ROW(8, _0, GGML_TYPE_TURBOQ8_0)
+TURBOQ_DEFINE_QUANTIZE_ROW(2, _g64, GGML_TYPE_TURBOQ2_G64)
+TURBOQ_DEFINE_QUANTIZE_ROW(3, _g64, GGML_TYPE_TURBOQ3_G64)
+TURBOQ_DEFINE_QUANTIZE_ROW(4, _g64, GGML_TYPE_TURBOQ4_G64)
+TURBOQ_DEFINE_QUANTIZE_ROW(8, _g64, GGML_TYPE_TURBOQ8_G64)
 
-void ggml_turboq_cpu_rotate(float * x, int64_t n) {
+void ggml_turboq_cpu_rotate(enum ggml_type type, float * x, int64_t n) {
+    const struct turboq_encode_steps * st = turboq_steps_for(type, &turboq_cpu_steps);
     const float * s1;
     const float * s2;
     ggml_turboq_signs(&s1, &s2);
-    for (int64_t i = 0; i + TURBOQ_GROUP <= n; i += TURBOQ_GROUP) {
-        turboq_rotate_group_with(&turboq_cpu_steps, x + i, s1, s2);
+    for (int64_t i = 0; i + st->group <= n; i += st->group) {
+        turboq_rotate_group_with(st, x + i, s1, s2);
     }
 }
 
-void ggml_turboq_cpu_unrotate(float * x, int64_t n) {
+void ggml_turboq_cpu_unrotate(enum ggml_type type, float * x, int64_t n) {
+    const struct turboq_encode_steps * st = turboq_steps_for(type, &turboq_cpu_steps);
     const float * s1;
     const float * s2;
     ggml_turboq_signs(&s1, &s2);
-    for (int64_t i = 0; i + TURBOQ_GROUP <= n; i += TURBOQ_GROUP) {
-        turboq_unrotate_group_with(&turboq_cpu_steps, x + i, 1.0f, s1, s2);
+    for (int64_t i = 0; i + st->group <= n; i += st->group) {
+        turboq_unrotate_group_with(st, x + i, 1.0f, s1, s2);
     }
 }
 
-void ggml_turboq_fa_rotate_q(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t n) {
+static void turboq_fa_rotate_q(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t n) {
     memcpy(y, x, n*sizeof(float));
-    ggml_turboq_cpu_rotate((float *) y, n);
+    ggml_turboq_cpu_rotate(GGML_TYPE_TURBOQ2_0, (float *) y, n);
+}
+
+static void turboq_fa_rotate_q_g64(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t n) {
+    memcpy(y, x, n*sizeof(float));
+    ggml_turboq_cpu_rotate(GGML_TYPE_TURBOQ2_G64, (float *) y, n);
+}
+
+ggml_from_float_t ggml_turboq_fa_rotate_q(enum ggml_type k_type) {
+    const int g = ggml_turboq_group(k_type);
+    return g == TURBOQ_GROUP ? turboq_fa_rotate_q : g == QK_TURBOQ_G64 ? turboq_fa_rotate_q_g64 : NULL;
 }

@@ -195,6 +195,7 @@ static inline void turboq_neon_pack4(const uint8_t * idx, void * blk) {
 
 // a struct turboq_encode_steps initializer: every step (turboq8 packs with the generic memcpy)
 #define TURBOQ_ARCH_ENCODE_STEPS {                                                                    \
+    .group            = TURBOQ_GROUP,                                                                 \
     .absmax           = turboq_neon_absmax,                                                           \
     .div_square       = turboq_neon_div_square,                                                       \
     .tree_sum         = turboq_neon_tree_sum,                                                         \
