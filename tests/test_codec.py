@@ -7,18 +7,19 @@ import pytest
 from pyturbo import attention, codec
 from pyturbo.lab import reference
 from pyturbo.lab.codebook import theoretical_vector_mse
-from pyturbo.types import TURBOQ_TYPES, cache_type
+from pyturbo.types import TURBOQ_G64_TYPES, TURBOQ_TYPES, cache_type
 from helpers import special_groups
 
 D = 128
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES)
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_G64_TYPES)
 def test_c_matches_reference_bit_for_bit(lib, rng, type_name):
+    t = cache_type(type_name)
     for label, x in special_groups(rng).items():
         blocks_c = codec.quantize(x, type_name)
         blocks_ref = reference.quantize(x, type_name)
-        assert blocks_c.size == x.size // D * cache_type(type_name).block_bytes
+        assert blocks_c.size == x.size // t.block_size * t.block_bytes
         np.testing.assert_array_equal(blocks_c, blocks_ref, err_msg=f"{type_name} quantize, {label}")
         y_c = codec.dequantize(blocks_c, type_name)
         y_ref = reference.dequantize(blocks_c, type_name)

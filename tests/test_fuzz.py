@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from pyturbo.lab import reference
-from pyturbo.types import TURBOQ_TYPES, cache_type
+from pyturbo.types import TURBOQ_G64_TYPES, TURBOQ_TYPES, cache_type
 
 HARNESS = Path(__file__).resolve().parent / "harness" / "turboq_fuzz.c"
 
@@ -38,7 +38,7 @@ def run_harness(exe: Path, type_name: str, x: np.ndarray) -> tuple[np.ndarray, n
     payload = struct.pack("<ii", t.ggml_id, groups) + x.astype("<f4").tobytes()
     r = subprocess.run([str(exe)], input=payload, capture_output=True, timeout=60)
     assert r.returncode == 0, r.stderr.decode(errors="replace")[-3000:]
-    nbytes = groups * t.block_bytes
+    nbytes = x.size // t.block_size * t.block_bytes
     blocks = np.frombuffer(r.stdout[:nbytes], dtype=np.uint8)
     values = np.frombuffer(r.stdout[nbytes:], dtype="<f4")
     assert values.size == x.size
@@ -67,7 +67,7 @@ def groups(draw):
     return (np.random.default_rng(seed).standard_normal(n * 128) * scale).astype(np.float32)
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES)
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_G64_TYPES)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(x=groups())
 def test_sanitized_codec_matches_reference(sanitized_codec, type_name, x):
@@ -75,8 +75,8 @@ def test_sanitized_codec_matches_reference(sanitized_codec, type_name, x):
     np.testing.assert_array_equal(blocks, reference.quantize(x, type_name))
     np.testing.assert_array_equal(values.view(np.uint32), reference.dequantize(blocks, type_name).view(np.uint32))
     # a group with NaN/Inf decodes to zeros; every other group is untouched by it
-    g = x.reshape(-1, 128)
-    v = values.reshape(-1, 128)
+    g = x.reshape(-1, cache_type(type_name).block_size)
+    v = values.reshape(-1, cache_type(type_name).block_size)
     assert np.all(np.isfinite(v))
     bad = ~np.all(np.isfinite(g), axis=1)
     assert np.all(v[bad] == 0)

@@ -13,7 +13,7 @@ import pytest
 
 from pyturbo import codec, data, layer_adaptive
 from pyturbo.lab import reference
-from pyturbo.types import TURBOQ_TYPES, cache_type
+from pyturbo.types import TURBOQ_G64_TYPES, TURBOQ_TYPES, cache_type
 
 from helpers import special_groups  # tests/ is on sys.path (pytest prepend mode)
 
@@ -45,11 +45,12 @@ def groups(rng) -> np.ndarray:
     return np.concatenate(list(special_groups(rng).values()))
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES)
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_G64_TYPES)
 def test_torch_blocks_equal_reference_and_c_bit_for_bit(lib, rng, type_name):
     x = groups(rng)
     blocks = tc.encode(torch.from_numpy(x), type_name).numpy()
-    assert blocks.shape == (x.shape[0], cache_type(type_name).block_bytes)
+    t = cache_type(type_name)
+    assert blocks.shape == (x.shape[0], D // t.block_size * t.block_bytes)  # rows of 128 values
     np.testing.assert_array_equal(blocks.ravel(), reference.quantize(x, type_name))
     np.testing.assert_array_equal(blocks.ravel(), codec.quantize(x, type_name))
     # rows of several blocks: [tokens, 3 blocks] is the same bytes as the 3*tokens groups
@@ -66,7 +67,7 @@ def test_q8_0_equals_ggml_reference_quantizer(lib, rng):
                                   codec.dequantize(blocks, "q8_0"))
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES)
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_G64_TYPES)
 def test_decode_matches_reference(lib, rng, type_name):
     x = groups(rng)
     blocks = codec.quantize(x, type_name)

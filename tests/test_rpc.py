@@ -133,16 +133,15 @@ def test_a_seeded_build_refuses_turboq_layers_on_rpc(rpc_endpoints, seeded_build
     assert r.returncode != 0 and f"PYTURBO_SIGN_SEED={seed} (a debug build option)" in r.stderr, r.stderr
 
 
-def test_a_64_value_turboq_cache_is_refused_on_rpc_and_runs_with_it_kept_here(rpc_endpoints):
-    """Head size 64 takes the _g64 twins, which only the CPU backend implements (issue 22): with the
-    cache on an RPC server the context is refused, naming the layer, the head size and what works,
-    rather than the scheduler quietly running its attention elsewhere; with --no-kv-offload (the
-    cache and attention on this machine) it runs and matches the CPU-only run."""
+def test_a_64_value_turboq_cache_is_refused_on_rpc(rpc_endpoints):
+    """Head size 64 takes the _g64 twins, which only the CPU backend implements (issue 22): a layer
+    on an RPC server is refused, naming the layer, the head size and what works, with its cache
+    there and with it kept here (--no-kv-offload: the layer's flash attention would still run on
+    the server, which claims every op and may have a GPU or an older build); the same model runs
+    on this machine."""
     path, text = data.tiny_model(head_dim=64, n_layer=4), data.corpus_slice(12000)
-    rpc = ("--rpc", ",".join(rpc_endpoints), "-ngl", "99", "--no-repack")
-    with pytest.raises(RuntimeError, match=r"layer 0: head size 64: .*turboq3_g64.*only the CPU backend.*RPC.*--no-kv-offload"):
-        perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=1, extra=rpc)
-    local = perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=2, extra=("--no-repack",))
-    kept = perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=2, extra=(*rpc, "--no-kv-offload"))
-    assert all(dev == "CPU" for dev, _, _ in kv_buffers(kept.log))
-    assert abs(kept.ppl - local.ppl) / local.ppl < REL_PPL_TOL, (kept.ppl, local.ppl)
+    rpc = ("--rpc", ",".join(rpc_endpoints), "-ngl", "99")
+    for extra in (rpc, (*rpc, "--no-kv-offload")):
+        with pytest.raises(RuntimeError, match=r"layer 0: head size 64: .*turboq3_g64.*only the CPU backend.*RPC"):
+            perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=1, extra=extra)
+    assert perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=1).ppl > 0

@@ -1,5 +1,6 @@
 // Stand-alone driver for ggml-turboq.c, built with ASan+UBSan by tests/test_fuzz.py.
-// stdin: int32 ggml type id, int32 group count, then count*128 float32 values.
+// stdin: int32 ggml type id (turboq2/3/4/8 or their _g64 twins), int32 count, then count*128 float32
+// values (count 128-value groups, or 2*count 64-value ones).
 // stdout: the quantized blocks, then the dequantized float32 values.
 #include "ggml.h"
 #include "ggml-turboq.h"
@@ -9,8 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-// the two ggml-base symbols ggml-turboq.c needs, so the codec links alone
+// the ggml-base symbols ggml-turboq.c needs, so the codec links alone
 bool ggml_is_turboq(enum ggml_type type) { return type >= GGML_TYPE_TURBOQ2_0 && type <= GGML_TYPE_TURBOQ8_0; }
+int ggml_turboq_group(enum ggml_type type) {
+    return ggml_is_turboq(type) ? 128 : type >= GGML_TYPE_TURBOQ2_G64 && type <= GGML_TYPE_TURBOQ8_G64 ? 64 : 0;
+}
 
 static size_t turboq_block_bytes(enum ggml_type type) {
     switch (type) {
@@ -18,11 +22,17 @@ static size_t turboq_block_bytes(enum ggml_type type) {
         case GGML_TYPE_TURBOQ3_0: return 50;
         case GGML_TYPE_TURBOQ4_0: return 68;
         case GGML_TYPE_TURBOQ8_0: return 130;
+        case GGML_TYPE_TURBOQ2_G64: return 18;
+        case GGML_TYPE_TURBOQ3_G64: return 26;
+        case GGML_TYPE_TURBOQ4_G64: return 34;
+        case GGML_TYPE_TURBOQ8_G64: return 66;
         default: abort();
     }
 }
 
-size_t ggml_row_size(enum ggml_type type, int64_t ne) { return turboq_block_bytes(type) * (size_t) (ne / 128); }
+size_t ggml_row_size(enum ggml_type type, int64_t ne) {
+    return turboq_block_bytes(type) * (size_t) (ne / ggml_turboq_group(type));
+}
 
 void ggml_abort(const char * file, int line, const char * fmt, ...) {
     va_list ap;
@@ -41,6 +51,10 @@ static const struct { quantize_fn quantize; dequantize_fn dequantize; } codecs[]
     { quantize_turboq3_0, dequantize_row_turboq3_0 },
     { quantize_turboq4_0, dequantize_row_turboq4_0 },
     { quantize_turboq8_0, dequantize_row_turboq8_0 },
+    { quantize_turboq2_g64, dequantize_row_turboq2_g64 },
+    { quantize_turboq3_g64, dequantize_row_turboq3_g64 },
+    { quantize_turboq4_g64, dequantize_row_turboq4_g64 },
+    { quantize_turboq8_g64, dequantize_row_turboq8_g64 },
 };
 
 int main(void) {
@@ -48,7 +62,7 @@ int main(void) {
     if (fread(hdr, sizeof(int32_t), 2, stdin) != 2) return 2;
     const enum ggml_type type = (enum ggml_type) hdr[0];
     const int64_t n = (int64_t) hdr[1] * 128;
-    if (!ggml_is_turboq(type) || hdr[1] <= 0) return 2;
+    if (!ggml_turboq_group(type) || hdr[1] <= 0) return 2;
     float * x = malloc(n * sizeof(float));
     float * y = malloc(n * sizeof(float));
     const size_t nbytes = ggml_row_size(type, n);

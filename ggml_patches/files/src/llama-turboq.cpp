@@ -256,9 +256,14 @@ llama_turboq_layer_types llama_turboq_fit_heads(const llama_turboq_layer_types &
 }
 
 void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_backend_dev_t dev, uint32_t il,
-                                     uint32_t n_embd_head_k, uint32_t n_embd_head_v) {
+                                     uint32_t n_embd_head_k, uint32_t n_embd_head_v, bool is_mla) {
     const bool k64 = ggml_turboq_group(lt.type_k) == QK_G64;
     const bool v64 = ggml_turboq_group(lt.type_v) == QK_G64;
+    if (is_mla && (ggml_turboq_group(lt.type_k) || ggml_turboq_group(lt.type_v))) {
+        // untested, and K centering would shift the V that MLA reads out of the centered K
+        throw std::runtime_error(format("layer %u: turboq caches for MLA models (K of %u values) are not supported yet; "
+            "use q8_0 or q4_0, whose 32-value blocks work with it", il, n_embd_head_k));
+    }
     if ((!k64 && !v64) || dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
         return;
     }
@@ -323,6 +328,10 @@ std::string signs_text(bool marked, uint64_t seed) {
 }
 
 } // namespace
+
+bool llama_turboq_is_rpc(ggml_backend_dev_t dev) {
+    return dev != nullptr && is_rpc(dev);
+}
 
 void llama_turboq_check_sign_seed(const llama_turboq_layer_types & lt, ggml_backend_dev_t layer_dev, uint32_t il) {
     const char * seed = ggml_turboq_sign_seed();
