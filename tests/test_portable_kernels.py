@@ -4,8 +4,8 @@ and FMA off (the generic kernels).
 scripts/build_portable.sh builds tests/portable/turboq_check.c against the patched ggml twice:
 build-aarch64/ (cross-compiled, run with qemu-aarch64) and build-scalar/. Inputs are generated
 here, written to files, and the harness's results are compared with pyturbo.lab.reference:
-- the codec (SET_ROWS into the cache, GET_ROWS back) bit for bit, over a few hundred 128-groups
-  that include zeros, NaN/Inf rows, huge and subnormal values;
+- the codec (SET_ROWS into the cache, GET_ROWS back) bit for bit, over a few hundred groups (128
+  values, or 64 for the _g64 twins) that include zeros, NaN/Inf rows, huge and subnormal values;
 - flash attention within the x86 tests' tolerance (1e-4 of the output scale, as in
   test_flash_attn_tiled.py) against float64 attention over the reference-decoded cache, on
   the tiled path and on the one-row path (TURBOQ_FA_TILED=0, and ggml's use_ref).
@@ -25,14 +25,14 @@ import pytest
 from pyturbo import codec
 from pyturbo.lab import reference
 from pyturbo._paths import build_dirs
-from pyturbo.types import cache_type
+from pyturbo.types import TURBOQ_G64_TYPES, cache_type
 
 from helpers import causal_mask  # tests/ is on sys.path (pytest prepend mode)
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = os.environ.get("CI") == "true" or os.environ.get("PYTURBO_REQUIRE_PORTABLE") == "1"
 TOL = 1e-4
-TURBOQ = ["turboq2", "turboq3", "turboq4", "turboq8"]
+TURBOQ = ["turboq2", "turboq3", "turboq4", "turboq8", *TURBOQ_G64_TYPES]
 
 
 def _runner(name: str) -> list[str]:
@@ -93,9 +93,10 @@ def test_codec_bit_exact_with_reference(harness, type_name, tmp_path):
     assert bad.size == 0, f"{name}: {bad.size} of {want.size // t.block_bytes} blocks differ, first group {bad[0]}"
     want_back = reference.dequantize(want, type_name).astype(np.float32)
     assert np.array_equal(back.view(np.uint32), want_back.view(np.uint32)), f"{name}: GET_ROWS differs"
-    rows = back.reshape(x.shape)
-    assert not rows[2, :128].any() and not rows[3, 128:].any(), "a group with a NaN or Inf must decode to zeros"
-    assert rows[2, 128:].any() and rows[3, :128].any()
+    rows, g = back.reshape(x.shape), t.block_size
+    inf_group = slice(200 // g * g, 200 // g * g + g)
+    assert not rows[2, :g].any() and not rows[3, inf_group].any(), "a group with a NaN or Inf must decode to zeros"
+    assert rows[2, g:].any() and rows[3, :inf_group.start].any(), "only that group"
 
 
 def decoded(x: np.ndarray, type_name: str) -> np.ndarray:
@@ -121,6 +122,12 @@ FA_CASES = [
     ("turboq3", "turboq3", 128, 8, 2, 8, 300, 2, "onerow", 5.0),
     ("turboq2", "turboq4", 256, 4, 1, 1, 300, 1, "onerow", 0.0),
     ("turboq8", "turboq3", 128, 4, 1, 8, 200, 1, "ref", 0.0),
+    # the _g64 twins (head sizes 64 and 192)
+    ("turboq3_g64", "turboq3_g64", 64, 9, 3, 1, 300, 2, "tiled", 0.0),
+    ("turboq4_g64", "turboq2_g64", 64, 4, 1, 8, 300, 1, "tiled", 5.0),
+    ("turboq8_g64", "turboq4_g64", 192, 4, 2, 35, 200, 2, "tiled", 0.0),
+    ("turboq2_g64", "turboq3_g64", 64, 8, 2, 8, 300, 1, "onerow", 0.0),
+    ("turboq3_g64", "turboq8_g64", 192, 4, 1, 1, 300, 1, "onerow", 0.0),
 ]
 
 

@@ -13,8 +13,11 @@
 #include "turboq-kernels.h"
 
 // ---- generic primitives ----
+// Each takes the group size n of its type (128, or 64 for the _g64 types; a multiple of 32), a
+// constant where it is inlined into a kernel.
 
-// turboqN_decode: a block's centroid values in the rotated domain (unscaled); returns its norm
+// turboqN_decode / turboqN_g64_decode: a block's centroid values in the rotated domain (unscaled);
+// returns its norm
 #ifndef TURBOQ_ARCH_DECODE
 #define TURBOQ_GENERIC_DECODE(N) \
     static float turboq##N##_decode(const void * vb, float * GGML_RESTRICT out) { \
@@ -24,79 +27,9 @@ TURBOQ_GENERIC_DECODE(2)
 TURBOQ_GENERIC_DECODE(3)
 TURBOQ_GENERIC_DECODE(4)
 TURBOQ_GENERIC_DECODE(8)
-#endif
 
-// a[0..128) . b[0..128), eight partial sums
-#ifndef TURBOQ_ARCH_DOT128
-static inline float turboq_dot128(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b) {
-    float s[8] = {0};
-    for (int i = 0; i < TURBOQ_GROUP; i += 8) {
-        for (int l = 0; l < 8; ++l) s[l] += a[i + l]*b[i + l];
-    }
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-#endif
-
-// acc[0..128) += w * x[0..128)
-#ifndef TURBOQ_ARCH_MAD128
-static inline void turboq_mad128(float * GGML_RESTRICT acc, const float * GGML_RESTRICT x, float w) {
-    for (int i = 0; i < TURBOQ_GROUP; ++i) acc[i] += x[i]*w;
-}
-#endif
-
-// x[0..128) *= w
-#ifndef TURBOQ_ARCH_SCALE128
-static inline void turboq_scale128(float * GGML_RESTRICT x, float w) {
-    for (int i = 0; i < TURBOQ_GROUP; ++i) x[i] *= w;
-}
-#endif
-
-// ---- flash attention (rotated domain; Q is rotated by turboq-quants.c) ----
-
-#define TURBOQ_DEFINE_FA_KERNELS(N)                                                                             \
-    static void turboq##N##_fa_kq_dot(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, \
-                                      size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc) {            \
-        GGML_UNUSED(bs); GGML_UNUSED(bx); GGML_UNUSED(by); GGML_UNUSED(nrc);                                    \
-        const block_turboq##N##_0 * x = (const block_turboq##N##_0 *) vx;                                       \
-        const float * q = (const float *) vy;                                                                   \
-        float c[TURBOQ_GROUP];                                                                                  \
-        float sum = 0.0f;                                                                                       \
-        for (int ib = 0; ib < n / TURBOQ_GROUP; ++ib) {                                                         \
-            const float norm = turboq##N##_decode(x + ib, c);                                                   \
-            sum += norm * turboq_dot128(c, q + ib*TURBOQ_GROUP);                                                \
-        }                                                                                                       \
-        *s = sum;                                                                                               \
-    }                                                                                                           \
-    static void turboq##N##_fa_v_mad(int64_t n, float * GGML_RESTRICT acc, const void * GGML_RESTRICT vv, float w) { \
-        const block_turboq##N##_0 * v = (const block_turboq##N##_0 *) vv;                                       \
-        float c[TURBOQ_GROUP];                                                                                  \
-        for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib) {                                                     \
-            const float norm = turboq##N##_decode(v + ib, c);                                                   \
-            turboq_mad128(acc + ib*TURBOQ_GROUP, c, w*norm);                                                    \
-        }                                                                                                       \
-    }                                                                                                           \
-    void ggml_vec_dot_turboq##N##_0_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, \
-                                        size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc) {          \
-        GGML_UNUSED(bs); GGML_UNUSED(bx); GGML_UNUSED(by); GGML_UNUSED(nrc);                                    \
-        const block_turboq##N##_0 * x = (const block_turboq##N##_0 *) vx;                                       \
-        const float * y = (const float *) vy;                                                                   \
-        float tmp[TURBOQ_GROUP];                                                                                \
-        float sum = 0.0f;                                                                                       \
-        for (int ib = 0; ib < n / TURBOQ_GROUP; ++ib) {                                                         \
-            dequantize_row_turboq##N##_0(x + ib, tmp, TURBOQ_GROUP);                                            \
-            sum += turboq_dot128(tmp, y + ib*TURBOQ_GROUP);                                                     \
-        }                                                                                                       \
-        *s = sum;                                                                                               \
-    }
-
-TURBOQ_DEFINE_FA_KERNELS(2)
-TURBOQ_DEFINE_FA_KERNELS(3)
-TURBOQ_DEFINE_FA_KERNELS(4)
-TURBOQ_DEFINE_FA_KERNELS(8)
-
-// The _g64 types (64-value groups): generic code only. turboqN_g64_decode: a block's centroid
-// values in the rotated domain (unscaled), straight from its bytes (ggml_turboq_decode_rotated
-// unpacks to indices first: the same values, measured 1.7x slower in decode)
+// the _g64 decoders read the bytes directly (ggml_turboq_decode_rotated unpacks to indices first:
+// the same values, measured 1.7x slower in decode)
 static inline float turboq_g64_norm(const void * vb) {
     ggml_half h;
     memcpy(&h, vb, sizeof(h));
@@ -136,79 +69,101 @@ static float turboq8_g64_decode(const void * vb, float * GGML_RESTRICT out) {
     for (int i = 0; i < QK_TURBOQ_G64; ++i) out[i] = turboq8_centroids[b->qs[i]];
     return turboq_g64_norm(vb);
 }
-static inline float turboq_dot64(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b) {
+#endif
+
+// a[0..n) . b[0..n), eight partial sums
+#ifndef TURBOQ_ARCH_DOT
+static inline float turboq_dot(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b, int n) {
     float s[8] = {0};
-    for (int i = 0; i < QK_TURBOQ_G64; i += 8) {
+    for (int i = 0; i < n; i += 8) {
         for (int l = 0; l < 8; ++l) s[l] += a[i + l]*b[i + l];
     }
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
+#endif
 
-#define TURBOQ_DEFINE_G64_KERNELS(N)                                                                            \
-    static void turboq##N##_g64_fa_kq_dot(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, \
-                                          size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc) {        \
+// acc[0..n) += w * x[0..n)
+#ifndef TURBOQ_ARCH_MAD
+static inline void turboq_mad(float * GGML_RESTRICT acc, const float * GGML_RESTRICT x, float w, int n) {
+    for (int i = 0; i < n; ++i) acc[i] += x[i]*w;
+}
+#endif
+
+// x[0..n) *= w
+#ifndef TURBOQ_ARCH_SCALE
+static inline void turboq_scale(float * GGML_RESTRICT x, float w, int n) {
+    for (int i = 0; i < n; ++i) x[i] *= w;
+}
+#endif
+
+// ---- flash attention (rotated domain; Q is rotated by turboq-quants.c) ----
+// NAME: the decoder's prefix (NAME_decode); TYPE: the type's name (block_TYPE, ggml_vec_dot_TYPE_f32);
+// G: its group
+
+#define TURBOQ_DEFINE_FA_KERNELS(NAME, TYPE, G)                                                                 \
+    static void NAME##_fa_kq_dot(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx,      \
+                                 size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc) {                \
         GGML_UNUSED(bs); GGML_UNUSED(bx); GGML_UNUSED(by); GGML_UNUSED(nrc);                                    \
-        const block_turboq##N##_g64 * x = (const block_turboq##N##_g64 *) vx;                                   \
+        const block_##TYPE * x = (const block_##TYPE *) vx;                                                     \
         const float * q = (const float *) vy;                                                                   \
-        float c[QK_TURBOQ_G64];                                                                                 \
+        float c[G];                                                                                             \
         float sum = 0.0f;                                                                                       \
-        for (int ib = 0; ib < n / QK_TURBOQ_G64; ++ib) {                                                        \
-            const float norm = turboq##N##_g64_decode(x + ib, c);                \
-            sum += norm * turboq_dot64(c, q + ib*QK_TURBOQ_G64);                                                \
+        for (int ib = 0; ib < n / (G); ++ib) {                                                                  \
+            const float norm = NAME##_decode(x + ib, c);                                                        \
+            sum += norm * turboq_dot(c, q + ib*(G), G);                                                         \
         }                                                                                                       \
         *s = sum;                                                                                               \
     }                                                                                                           \
-    static void turboq##N##_g64_fa_v_mad(int64_t n, float * GGML_RESTRICT acc, const void * GGML_RESTRICT vv, float w) { \
-        const block_turboq##N##_g64 * v = (const block_turboq##N##_g64 *) vv;                                   \
-        float c[QK_TURBOQ_G64];                                                                                 \
-        for (int64_t ib = 0; ib < n / QK_TURBOQ_G64; ++ib) {                                                    \
-            const float wn = w*turboq##N##_g64_decode(v + ib, c);                \
-            float * GGML_RESTRICT a = acc + ib*QK_TURBOQ_G64;                                                   \
-            for (int i = 0; i < QK_TURBOQ_G64; ++i) a[i] += c[i]*wn;                                            \
+    static void NAME##_fa_v_mad(int64_t n, float * GGML_RESTRICT acc, const void * GGML_RESTRICT vv, float w) { \
+        const block_##TYPE * v = (const block_##TYPE *) vv;                                                     \
+        float c[G];                                                                                             \
+        for (int64_t ib = 0; ib < n / (G); ++ib) {                                                              \
+            const float norm = NAME##_decode(v + ib, c);                                                        \
+            turboq_mad(acc + ib*(G), c, w*norm, G);                                                             \
         }                                                                                                       \
     }                                                                                                           \
-    static void turboq##N##_g64_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) { \
-        const block_turboq##N##_g64 * x = (const block_turboq##N##_g64 *) vx;                                   \
-        for (int64_t ib = 0; ib < n / QK_TURBOQ_G64; ++ib) {                                                    \
-            float * GGML_RESTRICT out = y + ib*QK_TURBOQ_G64;                                                   \
-            const float norm = turboq##N##_g64_decode(x + ib, out);              \
-            for (int i = 0; i < QK_TURBOQ_G64; ++i) out[i] *= norm;                                             \
-        }                                                                                                       \
-    }                                                                                                           \
-    void ggml_vec_dot_turboq##N##_g64_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, \
-                                          size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc) {        \
+    void ggml_vec_dot_##TYPE##_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx,    \
+                                   size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc) {              \
         GGML_UNUSED(bs); GGML_UNUSED(bx); GGML_UNUSED(by); GGML_UNUSED(nrc);                                    \
-        const block_turboq##N##_g64 * x = (const block_turboq##N##_g64 *) vx;                                   \
+        const block_##TYPE * x = (const block_##TYPE *) vx;                                                     \
         const float * y = (const float *) vy;                                                                   \
-        float tmp[QK_TURBOQ_G64];                                                                               \
+        float tmp[G];                                                                                           \
         float sum = 0.0f;                                                                                       \
-        for (int ib = 0; ib < n / QK_TURBOQ_G64; ++ib) {                                                        \
-            dequantize_row_turboq##N##_g64(x + ib, tmp, QK_TURBOQ_G64);                                         \
-            sum += turboq_dot64(tmp, y + ib*QK_TURBOQ_G64);                                                     \
+        for (int ib = 0; ib < n / (G); ++ib) {                                                                  \
+            dequantize_row_##TYPE(x + ib, tmp, G);                                                              \
+            sum += turboq_dot(tmp, y + ib*(G), G);                                                              \
         }                                                                                                       \
         *s = sum;                                                                                               \
     }
 
-TURBOQ_DEFINE_G64_KERNELS(2)
-TURBOQ_DEFINE_G64_KERNELS(3)
-TURBOQ_DEFINE_G64_KERNELS(4)
-TURBOQ_DEFINE_G64_KERNELS(8)
-
-#define TURBOQ_DEFINE_DECODE_ROW(N)                                                                             \
-    static void turboq##N##_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {    \
-        const block_turboq##N##_0 * x = (const block_turboq##N##_0 *) vx;                                       \
-        for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib) {                                                     \
-            float * GGML_RESTRICT out = y + ib*TURBOQ_GROUP;                                                    \
-            turboq_scale128(out, turboq##N##_decode(x + ib, out));                                              \
-        }                                                                                                       \
-    }
+TURBOQ_DEFINE_FA_KERNELS(turboq2, turboq2_0, TURBOQ_GROUP)
+TURBOQ_DEFINE_FA_KERNELS(turboq3, turboq3_0, TURBOQ_GROUP)
+TURBOQ_DEFINE_FA_KERNELS(turboq4, turboq4_0, TURBOQ_GROUP)
+TURBOQ_DEFINE_FA_KERNELS(turboq8, turboq8_0, TURBOQ_GROUP)
+TURBOQ_DEFINE_FA_KERNELS(turboq2_g64, turboq2_g64, QK_TURBOQ_G64)
+TURBOQ_DEFINE_FA_KERNELS(turboq3_g64, turboq3_g64, QK_TURBOQ_G64)
+TURBOQ_DEFINE_FA_KERNELS(turboq4_g64, turboq4_g64, QK_TURBOQ_G64)
+TURBOQ_DEFINE_FA_KERNELS(turboq8_g64, turboq8_g64, QK_TURBOQ_G64)
 
 // a whole row, block norms applied
 #ifndef TURBOQ_ARCH_DECODE_ROW
-TURBOQ_DEFINE_DECODE_ROW(2)
-TURBOQ_DEFINE_DECODE_ROW(3)
-TURBOQ_DEFINE_DECODE_ROW(4)
-TURBOQ_DEFINE_DECODE_ROW(8)
+#define TURBOQ_DEFINE_DECODE_ROW(NAME, TYPE, G)                                                                 \
+    static void NAME##_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {         \
+        const block_##TYPE * x = (const block_##TYPE *) vx;                                                     \
+        for (int64_t ib = 0; ib < n / (G); ++ib) {                                                              \
+            float * GGML_RESTRICT out = y + ib*(G);                                                             \
+            turboq_scale(out, NAME##_decode(x + ib, out), G);                                                   \
+        }                                                                                                       \
+    }
+
+TURBOQ_DEFINE_DECODE_ROW(turboq2, turboq2_0, TURBOQ_GROUP)
+TURBOQ_DEFINE_DECODE_ROW(turboq3, turboq3_0, TURBOQ_GROUP)
+TURBOQ_DEFINE_DECODE_ROW(turboq4, turboq4_0, TURBOQ_GROUP)
+TURBOQ_DEFINE_DECODE_ROW(turboq8, turboq8_0, TURBOQ_GROUP)
+TURBOQ_DEFINE_DECODE_ROW(turboq2_g64, turboq2_g64, QK_TURBOQ_G64)
+TURBOQ_DEFINE_DECODE_ROW(turboq3_g64, turboq3_g64, QK_TURBOQ_G64)
+TURBOQ_DEFINE_DECODE_ROW(turboq4_g64, turboq4_g64, QK_TURBOQ_G64)
+TURBOQ_DEFINE_DECODE_ROW(turboq8_g64, turboq8_g64, QK_TURBOQ_G64)
 #endif
 
 static const struct {

@@ -9,10 +9,10 @@
 
 #include <arm_neon.h>
 
-#define TURBOQ_ARCH_DECODE   1
-#define TURBOQ_ARCH_DOT128   1
-#define TURBOQ_ARCH_MAD128   1
-#define TURBOQ_ARCH_SCALE128 1
+#define TURBOQ_ARCH_DECODE 1
+#define TURBOQ_ARCH_DOT    1
+#define TURBOQ_ARCH_MAD    1
+#define TURBOQ_ARCH_SCALE  1
 
 // ---- the encoder's steps (ggml-turboq-encode.h) ----
 
@@ -84,10 +84,10 @@ static inline void turboq_neon_div_square(const float * x, float d, float * y, f
     }
 }
 
-// out_i = tab[idx_i]; n_tab is 4, 8, 16 or 256 (the generic loop for 256)
-static inline void turboq_neon_lookup(const float * tab, int n_tab, const uint8_t * idx, float * out) {
+// out_i = tab[idx_i], i < n (a multiple of 16); n_tab is 4, 8, 16 or 256 (the generic loop for 256)
+static inline void turboq_neon_lookup_n(const float * tab, int n_tab, const uint8_t * idx, float * out, int n) {
     if (n_tab > 16) {
-        for (int i = 0; i < TURBOQ_GROUP; ++i) out[i] = tab[idx[i]];
+        for (int i = 0; i < n; ++i) out[i] = tab[idx[i]];
         return;
     }
     // a byte table lookup: float k of a 16-value group takes bytes 4*idx + 0..3 of the table
@@ -105,13 +105,17 @@ static inline void turboq_neon_lookup(const float * tab, int n_tab, const uint8_
     t.val[2] = n_tab > 8 ? vld1q_u8((const uint8_t *) (tab + 8))  : zero;
     t.val[3] = n_tab > 8 ? vld1q_u8((const uint8_t *) (tab + 12)) : zero;
     const uint8x16_t bo = vld1q_u8(byte_of_float);
-    for (int i = 0; i < TURBOQ_GROUP; i += 16) {
+    for (int i = 0; i < n; i += 16) {
         const uint8x16_t b4 = vshlq_n_u8(vld1q_u8(idx + i), 2);
         for (int k = 0; k < 4; ++k) {
             const uint8x16_t bytes = vaddq_u8(vqtbl1q_u8(b4, vld1q_u8(sel[k])), bo);
             vst1q_f32(out + i + 4*k, vreinterpretq_f32_u8(vqtbl4q_u8(t, bytes)));
         }
     }
+}
+
+static inline void turboq_neon_lookup(const float * tab, int n_tab, const uint8_t * idx, float * out) {
+    turboq_neon_lookup_n(tab, n_tab, idx, out, TURBOQ_GROUP);
 }
 
 // idx_i = the number of thresholds below y_i
@@ -261,10 +265,67 @@ static inline float turboq8_decode(const void * vb, float * GGML_RESTRICT out) {
     return GGML_CPU_FP16_TO_FP32(b->norm);
 }
 
+// The _g64 twins: the same layouts with 64 for 128 (ggml-common.h)
+static inline float turboq_g64_norm(const void * vb) {
+    ggml_half h;
+    memcpy(&h, vb, sizeof(h));
+    return GGML_CPU_FP16_TO_FP32(h);
+}
+
+static inline float turboq2_g64_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq2_g64 * b = (const block_turboq2_g64 *) vb;
+    uint8_t idx[QK_TURBOQ_G64];
+    // idx[i + 16k] = (qs[i] >> 2k) & 3
+    const uint8x16_t m = vdupq_n_u8(3);
+    const uint8x16_t q = vld1q_u8(b->qs);
+    vst1q_u8(idx,      vandq_u8(q, m));
+    vst1q_u8(idx + 16, vandq_u8(vshrq_n_u8(q, 2), m));
+    vst1q_u8(idx + 32, vandq_u8(vshrq_n_u8(q, 4), m));
+    vst1q_u8(idx + 48, vshrq_n_u8(q, 6));
+    turboq_neon_lookup_n(turboq2_g64_centroids, 4, idx, out, QK_TURBOQ_G64);
+    return turboq_g64_norm(vb);
+}
+
+static inline float turboq3_g64_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq3_g64 * b = (const block_turboq3_g64 *) vb;
+    uint8_t idx[QK_TURBOQ_G64];
+    const uint8x16_t m = vdupq_n_u8(3);
+    const uint8x16_t q = vld1q_u8(b->qs);
+    // value 16k + i: high bit at qh[i % 8] bit 2k + i/8; lane i holds qh[i % 8] >> (i / 8)
+    static const int8_t half_shift[16] = { 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1 };
+    const uint8x8_t h8 = vld1_u8(b->qh);
+    const uint8x16_t hv = vshlq_u8(vcombine_u8(h8, h8), vld1q_s8(half_shift));
+    for (int k = 0; k < 4; ++k) {
+        const uint8x16_t lo = k == 3 ? vshrq_n_u8(q, 6) : vandq_u8(vshlq_u8(q, vdupq_n_s8((int8_t) (-2*k))), m);
+        const uint8x16_t hi = vshlq_n_u8(vandq_u8(vshlq_u8(hv, vdupq_n_s8((int8_t) (-2*k))), vdupq_n_u8(1)), 2);
+        vst1q_u8(idx + 16*k, vorrq_u8(lo, hi));
+    }
+    turboq_neon_lookup_n(turboq3_g64_centroids, 8, idx, out, QK_TURBOQ_G64);
+    return turboq_g64_norm(vb);
+}
+
+static inline float turboq4_g64_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq4_g64 * b = (const block_turboq4_g64 *) vb;
+    uint8_t idx[QK_TURBOQ_G64];
+    for (int i = 0; i < 32; i += 16) {
+        const uint8x16_t q = vld1q_u8(b->qs + i);
+        vst1q_u8(idx + i,      vandq_u8(q, vdupq_n_u8(15)));
+        vst1q_u8(idx + i + 32, vshrq_n_u8(q, 4));
+    }
+    turboq_neon_lookup_n(turboq4_g64_centroids, 16, idx, out, QK_TURBOQ_G64);
+    return turboq_g64_norm(vb);
+}
+
+static inline float turboq8_g64_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq8_g64 * b = (const block_turboq8_g64 *) vb;
+    for (int i = 0; i < QK_TURBOQ_G64; ++i) out[i] = turboq8_centroids[b->qs[i]];
+    return turboq_g64_norm(vb);
+}
+
 // four independent FMA chains hide the FMLA latency; the lanes are summed at the end
-static inline float turboq_dot128(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b) {
+static inline float turboq_dot(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b, int n) {
     float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-    for (int i = 0; i < TURBOQ_GROUP; i += 16) {
+    for (int i = 0; i < n; i += 16) {
         acc0 = vfmaq_f32(acc0, vld1q_f32(a + i +  0), vld1q_f32(b + i +  0));
         acc1 = vfmaq_f32(acc1, vld1q_f32(a + i +  4), vld1q_f32(b + i +  4));
         acc2 = vfmaq_f32(acc2, vld1q_f32(a + i +  8), vld1q_f32(b + i +  8));
@@ -273,14 +334,14 @@ static inline float turboq_dot128(const float * GGML_RESTRICT a, const float * G
     return vaddvq_f32(vaddq_f32(vaddq_f32(acc0, acc1), vaddq_f32(acc2, acc3)));
 }
 
-static inline void turboq_mad128(float * GGML_RESTRICT acc, const float * GGML_RESTRICT x, float w) {
-    for (int i = 0; i < TURBOQ_GROUP; i += 4) {
+static inline void turboq_mad(float * GGML_RESTRICT acc, const float * GGML_RESTRICT x, float w, int n) {
+    for (int i = 0; i < n; i += 4) {
         vst1q_f32(acc + i, vfmaq_n_f32(vld1q_f32(acc + i), vld1q_f32(x + i), w));
     }
 }
 
-static inline void turboq_scale128(float * GGML_RESTRICT x, float w) {
-    for (int i = 0; i < TURBOQ_GROUP; i += 4) {
+static inline void turboq_scale(float * GGML_RESTRICT x, float w, int n) {
+    for (int i = 0; i < n; i += 4) {
         vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), w));
     }
 }

@@ -1,14 +1,15 @@
 #pragma once
 
-// x86 kernels for the turboq CPU paths (AVX2 + FMA; AVX-512F for whole-row decoding), included by
+// x86 kernels for the turboq CPU paths (AVX2 + FMA; AVX-512F for whole-row decoding), for the
+// 128-value types and their _g64 twins, included by
 // ggml-cpu/turboq-cpu.c (through turboq-kernels.h), which has the generic versions and the contract
 // of each primitive. The quantizer takes the generic steps of ggml-turboq-encode.h.
 
 #include <immintrin.h>
 
 #define TURBOQ_ARCH_DECODE 1
-#define TURBOQ_ARCH_DOT128 1
-#define TURBOQ_ARCH_MAD128 1
+#define TURBOQ_ARCH_DOT    1
+#define TURBOQ_ARCH_MAD    1
 
 static inline __m256i turboq_bytes8(const uint8_t * p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) p));
@@ -80,9 +81,80 @@ static inline float turboq8_decode(const void * vb, float * GGML_RESTRICT out) {
     return GGML_CPU_FP16_TO_FP32(b->norm);
 }
 
-static inline float turboq_dot128(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b) {
+// The _g64 twins: the same layouts with 64 for 128 (ggml-common.h)
+static inline float turboq_g64_norm(const void * vb) {
+    ggml_half h;
+    memcpy(&h, vb, sizeof(h));
+    return GGML_CPU_FP16_TO_FP32(h);
+}
+
+static inline float turboq2_g64_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq2_g64 * b = (const block_turboq2_g64 *) vb;
+    const __m256 lut = _mm256_setr_ps(turboq2_g64_centroids[0], turboq2_g64_centroids[1], turboq2_g64_centroids[2], turboq2_g64_centroids[3],
+                                      turboq2_g64_centroids[0], turboq2_g64_centroids[1], turboq2_g64_centroids[2], turboq2_g64_centroids[3]);
+    const __m256i three = _mm256_set1_epi32(3);
+    for (int j = 0; j < 2; ++j) {
+        const __m256i q = turboq_bytes8(b->qs + 8*j);
+        for (int k = 0; k < 4; ++k) {
+            // value 16k + 8j + l: qs[8j + l] >> 2k
+            const __m256i ik = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_set1_epi32(2*k)), three);
+            _mm256_storeu_ps(out + 16*k + 8*j, _mm256_permutevar8x32_ps(lut, ik));
+        }
+    }
+    return turboq_g64_norm(vb);
+}
+
+static inline float turboq3_g64_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq3_g64 * b = (const block_turboq3_g64 *) vb;
+    const __m256 lut = _mm256_loadu_ps(turboq3_g64_centroids);
+    const __m256i three = _mm256_set1_epi32(3);
+    const __m256i one   = _mm256_set1_epi32(1);
+    const __m256i h = turboq_bytes8(b->qh);
+    for (int j = 0; j < 2; ++j) {
+        const __m256i q = turboq_bytes8(b->qs + 8*j);
+        for (int k = 0; k < 4; ++k) {
+            // value 16k + 8j + l: low bits at qs[8j + l] >> 2k, high bit at qh[l] bit 2k + j
+            const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_set1_epi32(2*k)), three);
+            const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(h, _mm256_set1_epi32(2*k + j)), one);
+            const __m256i idx = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 2));
+            _mm256_storeu_ps(out + 16*k + 8*j, _mm256_permutevar8x32_ps(lut, idx));
+        }
+    }
+    return turboq_g64_norm(vb);
+}
+
+static inline float turboq4_g64_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq4_g64 * b = (const block_turboq4_g64 *) vb;
+    const __m256 lut_lo = _mm256_loadu_ps(turboq4_g64_centroids);
+    const __m256 lut_hi = _mm256_loadu_ps(turboq4_g64_centroids + 8);
+    const __m256i fifteen = _mm256_set1_epi32(15);
+    for (int j = 0; j < 4; ++j) {
+        const __m256i q = turboq_bytes8(b->qs + 8*j);
+        const __m256i idx[2] = { _mm256_and_si256(q, fifteen), _mm256_srli_epi32(q, 4) };
+        for (int k = 0; k < 2; ++k) {
+            const __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(idx[k], 28));
+            const __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut_lo, idx[k]),
+                                              _mm256_permutevar8x32_ps(lut_hi, idx[k]), sel);
+            _mm256_storeu_ps(out + 32*k + 8*j, v);
+        }
+    }
+    return turboq_g64_norm(vb);
+}
+
+static inline float turboq8_g64_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq8_g64 * b = (const block_turboq8_g64 *) vb;
+    const __m256 step = _mm256_set1_ps(1.0f/127.5f);
+    const __m256 one  = _mm256_set1_ps(1.0f);
+    for (int j = 0; j < 8; ++j) {
+        const __m256 q = _mm256_cvtepi32_ps(turboq_bytes8(b->qs + 8*j));
+        _mm256_storeu_ps(out + 8*j, _mm256_fmsub_ps(q, step, one));
+    }
+    return turboq_g64_norm(vb);
+}
+
+static inline float turboq_dot(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b, int n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-    for (int i = 0; i < TURBOQ_GROUP; i += 32) {
+    for (int i = 0; i < n; i += 32) {
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i +  0), _mm256_loadu_ps(b + i +  0), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i +  8), _mm256_loadu_ps(b + i +  8), acc1);
         acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
@@ -95,9 +167,9 @@ static inline float turboq_dot128(const float * GGML_RESTRICT a, const float * G
     return _mm_cvtss_f32(s);
 }
 
-static inline void turboq_mad128(float * GGML_RESTRICT acc, const float * GGML_RESTRICT x, float w) {
+static inline void turboq_mad(float * GGML_RESTRICT acc, const float * GGML_RESTRICT x, float w, int n) {
     const __m256 vw = _mm256_set1_ps(w);
-    for (int i = 0; i < TURBOQ_GROUP; i += 8) {
+    for (int i = 0; i < n; i += 8) {
         _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), vw, _mm256_loadu_ps(acc + i)));
     }
 }
@@ -165,6 +237,65 @@ static inline void turboq8_decode_row(const void * GGML_RESTRICT vx, float * GGM
         const __m512 step = _mm512_set1_ps(norm/127.5f);
         const __m512 off  = _mm512_set1_ps(norm);
         for (int m = 0; m < 8; ++m) {
+            const __m512 q = _mm512_cvtepi32_ps(turboq_bytes16(x[ib].qs + 16*m));
+            _mm512_storeu_ps(y + 16*m, _mm512_fmsub_ps(q, step, off));
+        }
+    }
+}
+static inline void turboq2_g64_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+    const block_turboq2_g64 * x = (const block_turboq2_g64 *) vx;
+    const __m512 lut4 = _mm512_broadcast_f32x4(_mm_loadu_ps(turboq2_g64_centroids));
+    for (int64_t ib = 0; ib < n / QK_TURBOQ_G64; ++ib, y += QK_TURBOQ_G64) {
+        const __m512 lut = _mm512_mul_ps(lut4, _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
+        const __m512i q = turboq_bytes16(x[ib].qs);
+        // value 16m + i: qs[i] >> 2m
+        for (int m = 0; m < 4; ++m) {
+            _mm512_storeu_ps(y + 16*m, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 2*m), lut));
+        }
+    }
+}
+
+static inline void turboq3_g64_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+    const block_turboq3_g64 * x = (const block_turboq3_g64 *) vx;
+    const __m512  lut8  = _mm512_zextps256_ps512(_mm256_loadu_ps(turboq3_g64_centroids));
+    const __m512  lut16 = _mm512_shuffle_f32x4(lut8, lut8, 0x44);
+    const __m512i low2  = _mm512_set1_epi32(3);
+    // lane i reads qh[i % 8] shifted right by i / 8, so that value 16m + i's high bit is bit 2m
+    const __m512i hshift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    for (int64_t ib = 0; ib < n / QK_TURBOQ_G64; ++ib, y += QK_TURBOQ_G64) {
+        const __m512 lut = _mm512_mul_ps(lut16, _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
+        const __m512i q = turboq_bytes16(x[ib].qs);
+        const __m128i h8 = _mm_loadl_epi64((const __m128i *) x[ib].qh);
+        const __m512i h = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(h8, h8)), hshift);
+        for (int m = 0; m < 4; ++m) {
+            const __m512i lo = _mm512_srli_epi32(q, 2*m);
+            const __m512i hi = m >= 1 ? _mm512_srli_epi32(h, 2*m - 2) : _mm512_slli_epi32(h, 2);
+            const __m512i idx = _mm512_ternarylogic_epi32(low2, lo, hi, 0xCA);
+            _mm512_storeu_ps(y + 16*m, _mm512_permutexvar_ps(idx, lut));
+        }
+    }
+}
+
+static inline void turboq4_g64_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+    const block_turboq4_g64 * x = (const block_turboq4_g64 *) vx;
+    for (int64_t ib = 0; ib < n / QK_TURBOQ_G64; ++ib, y += QK_TURBOQ_G64) {
+        const __m512 lut = _mm512_mul_ps(_mm512_loadu_ps(turboq4_g64_centroids), _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
+        // byte i holds value i (low nibble) and value i + 32 (high nibble)
+        for (int m = 0; m < 2; ++m) {
+            const __m512i q = turboq_bytes16(x[ib].qs + 16*m);
+            _mm512_storeu_ps(y + 16*m,      _mm512_permutexvar_ps(q, lut));
+            _mm512_storeu_ps(y + 16*m + 32, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut));
+        }
+    }
+}
+
+static inline void turboq8_g64_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+    const block_turboq8_g64 * x = (const block_turboq8_g64 *) vx;
+    for (int64_t ib = 0; ib < n / QK_TURBOQ_G64; ++ib, y += QK_TURBOQ_G64) {
+        const float norm = GGML_CPU_FP16_TO_FP32(x[ib].norm);
+        const __m512 step = _mm512_set1_ps(norm/127.5f);
+        const __m512 off  = _mm512_set1_ps(norm);
+        for (int m = 0; m < 4; ++m) {
             const __m512 q = _mm512_cvtepi32_ps(turboq_bytes16(x[ib].qs + 16*m));
             _mm512_storeu_ps(y + 16*m, _mm512_fmsub_ps(q, step, off));
         }
