@@ -102,12 +102,12 @@ def cmd_fetch(args: argparse.Namespace) -> None:
 
 
 def cmd_perplexity(args: argparse.Namespace) -> None:
-    from .types import cache_type
+    from .types import requested_cache_type
 
     # newline="": the bytes llama-perplexity reads (botchan.txt has \r\n line ends)
     text = open(args.file or data.corpus(), encoding="utf-8", newline="").read()
     configs = ([(f"turboq{b}", f"turboq{b}") for b in args.bits] if args.bits
-               else [(cache_type(args.cache_type_k).name, cache_type(args.cache_type_v).name)])
+               else [(requested_cache_type(args.cache_type_k).name, requested_cache_type(args.cache_type_v).name)])
     if args.backend == "hf":
         from .hf.models import load
         from .perplexity.hf import hf_perplexity

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 from . import layer_adaptive as _la
 from ._paths import use_patched_llama_cpp
-from .types import CACHE_TYPES, TURBOQ_TYPES, CacheType, cache_type
+from .types import CACHE_TYPES, TURBOQ_TYPES, CacheType, requested_cache_type
 
 use_patched_llama_cpp()
 
@@ -101,8 +101,8 @@ class Llama(llama_cpp.Llama):
     def __init__(self, model_path: str, *args: Any, cache_type_k: str | CacheType | None = None,
                  cache_type_v: str | CacheType | None = None, layer_adaptive: int | None = None,
                  **kwargs: Any) -> None:
-        tk = cache_type(cache_type_k) if cache_type_k is not None else None
-        tv = cache_type(cache_type_v) if cache_type_v is not None else None
+        tk = requested_cache_type(cache_type_k) if cache_type_k is not None else None
+        tv = requested_cache_type(cache_type_v) if cache_type_v is not None else None
         if tk is not None:
             kwargs["type_k"] = tk.ggml_id
         if tv is not None:

@@ -65,8 +65,22 @@ def layer_cache_type(name: str | CacheType, head_dim: int) -> CacheType:
     return t
 
 
+def requested_cache_type(name: str | CacheType) -> CacheType:
+    """A cache type as a user asks for one (-ctk/-ctv, cache_type_k=): the names llama.cpp's tools take.
+    A _g64 twin is refused, saying which name to ask for: llama.cpp picks the twin per layer, and
+    given one directly it would skip the per-layer rule (and the flash-attention check)."""
+    t = cache_type(name)
+    if t.name in G64_TYPES:
+        base = t.name.removesuffix("_g64")
+        raise ValueError(f"KV cache type {t.name!r} is the 64-value form that llama.cpp stores for {base} on layers "
+                         f"whose head size is a multiple of 64 but not of 128; ask for {base!r}")
+    return t
+
+
 def cache_type(name: str | CacheType) -> CacheType:
-    """Look a cache type up by name, case-insensitively; ValueError lists the valid names."""
+    """Look a cache type up by name, case-insensitively, the _g64 twins included (the codec, the
+    reference, memory sizes); ValueError lists the valid names. User settings go through
+    requested_cache_type."""
     if isinstance(name, CacheType):
         return name
     key = str(name).strip().lower()

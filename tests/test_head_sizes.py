@@ -64,6 +64,16 @@ def test_which_layers_take_the_64_value_twin(head_dim, want):
     assert {layer_cache_type(t, 64).name for t in TURBOQ_TYPES} == set(TURBOQ_G64_TYPES)
 
 
+@pytest.mark.parametrize("name", TURBOQ_G64_TYPES)
+def test_a_twin_is_not_a_name_to_ask_for(Llama, smollm2, name):
+    # llama.cpp's tools do not take the twins' names; pyturbo.Llama refuses them before loading
+    base = name.removesuffix("_g64")
+    with pytest.raises(ValueError, match=f"ask for '{base}'"):
+        Llama(str(smollm2), cache_type_k=name, verbose=False)
+    with pytest.raises(ValueError, match=f"ask for '{base}'"):
+        Llama(str(smollm2), cache_type_k=base, cache_type_v=name.upper(), verbose=False)
+
+
 def _numpy_attention(q, k, v, scale):
     rep = q.shape[0] // k.shape[0]
     k = np.repeat(k.astype(np.float64), rep, axis=0)

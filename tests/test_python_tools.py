@@ -53,6 +53,7 @@ def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("backend", ["llama", "hf"])
 @pytest.mark.parametrize("args,reason", [
     (("-ctk", "turboq9"), "unknown KV cache type 'turboq9'"),
+    (("-ctk", "turboq3_g64"), "ask for 'turboq3'"),
     (("--model", "/nonexistent.gguf"), "not a file"),
 ])
 def test_perplexity_cli_bad_input_is_one_line(backend, args, reason):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pyturbo import data, layer_adaptive
 from pyturbo._paths import UnpatchedLibraryError, binary
-from pyturbo.types import CACHE_TYPES, cache_type
+from pyturbo.types import CACHE_TYPES, requested_cache_type
 
 ENGINES = ("llama-server", "python")
 
@@ -61,8 +61,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _check(args: argparse.Namespace) -> None:
     """Raise ValueError with the reason for the first bad flag."""
-    args.cache_type_k = cache_type(args.cache_type_k).name
-    args.cache_type_v = cache_type(args.cache_type_v).name
+    args.cache_type_k = requested_cache_type(args.cache_type_k).name
+    args.cache_type_v = requested_cache_type(args.cache_type_v).name
     layer_adaptive.check_mode(args.layer_adaptive)
     if args.n_ctx < 1:
         raise ValueError(f"--n-ctx {args.n_ctx}: must be at least 1")
@@ -79,8 +79,8 @@ def _check(args: argparse.Namespace) -> None:
     if args.draft_model is not None:
         if not Path(args.draft_model).is_file():
             raise ValueError(f"--draft-model {args.draft_model}: no such file")
-        args.cache_type_k_draft = cache_type(args.cache_type_k_draft or args.cache_type_k).name
-        args.cache_type_v_draft = cache_type(args.cache_type_v_draft or args.cache_type_v).name
+        args.cache_type_k_draft = requested_cache_type(args.cache_type_k_draft or args.cache_type_k).name
+        args.cache_type_v_draft = requested_cache_type(args.cache_type_v_draft or args.cache_type_v).name
         from .chat_template import gguf_metadata
         gguf_metadata(args.draft_model)  # a file that is not a GGUF is refused here, with the reason
         if args.draft_max is not None and args.draft_max < 1:

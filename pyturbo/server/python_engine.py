@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyturbo.llama as pl  # sets LLAMA_CPP_LIB_PATH before llama_cpp loads
 from pyturbo import layer_adaptive
-from pyturbo.types import cache_type
+from pyturbo.types import requested_cache_type
 
 import uvicorn
 from fastapi import Request
@@ -80,7 +80,7 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
               n_ctx: int = 4096, n_threads: int | None = None, alias: str | None = None,
               host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
               chat_fallback: Fallback | None = None, verbose: bool = True):
-    tk, tv = cache_type(cache_type_k), cache_type(cache_type_v)
+    tk, tv = requested_cache_type(cache_type_k), requested_cache_type(cache_type_v)
     ms = TurboModelSettings(model=model, model_alias=alias or Path(model).name, n_ctx=n_ctx, type_k=tk.ggml_id,
                             type_v=tv.ggml_id, flash_attn=True, layer_adaptive=layer_adaptive, verbose=verbose,
                             chat_template_file=str(chat_fallback.path) if chat_fallback else None,

@@ -30,11 +30,6 @@ TURBOQ_GENERIC_DECODE(8)
 
 // the _g64 decoders read the bytes directly (ggml_turboq_decode_rotated unpacks to indices first:
 // the same values, measured 1.7x slower in decode)
-static inline float turboq_g64_norm(const void * vb) {
-    ggml_half h;
-    memcpy(&h, vb, sizeof(h));
-    return GGML_CPU_FP16_TO_FP32(h);
-}
 
 static float turboq2_g64_decode(const void * vb, float * GGML_RESTRICT out) {
     const block_turboq2_g64 * b = (const block_turboq2_g64 *) vb;

@@ -8,6 +8,15 @@
 // generic versions only (for measuring what an arch file gains). Included by turboq-cpu.c and
 // turboq-quants.c after ggml-common.h, ggml-turboq-tables.h and simd-mappings.h.
 
+#include <string.h>
+
+// a _g64 block's norm (its first field in every layout)
+static inline float turboq_g64_norm(const void * vb) {
+    ggml_half h;
+    memcpy(&h, vb, sizeof(h));
+    return GGML_CPU_FP16_TO_FP32(h);
+}
+
 #if !defined(GGML_TURBOQ_GENERIC) && defined(__AVX2__) && defined(__FMA__)
 #include "arch/x86/turboq-kernels.h"
 #elif !defined(GGML_TURBOQ_GENERIC) && defined(__ARM_NEON) && defined(__aarch64__)

@@ -266,11 +266,6 @@ static inline float turboq8_decode(const void * vb, float * GGML_RESTRICT out) {
 }
 
 // The _g64 twins: the same layouts with 64 for 128 (ggml-common.h)
-static inline float turboq_g64_norm(const void * vb) {
-    ggml_half h;
-    memcpy(&h, vb, sizeof(h));
-    return GGML_CPU_FP16_TO_FP32(h);
-}
 
 static inline float turboq2_g64_decode(const void * vb, float * GGML_RESTRICT out) {
     const block_turboq2_g64 * b = (const block_turboq2_g64 *) vb;

@@ -51,42 +51,7 @@ static inline float turboq3_decode(const void * vb, float * GGML_RESTRICT out) {
     return GGML_CPU_FP16_TO_FP32(b->norm);
 }
 
-static inline float turboq4_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq4_0 * b = (const block_turboq4_0 *) vb;
-    const __m256 lut_lo = _mm256_loadu_ps(turboq4_centroids);
-    const __m256 lut_hi = _mm256_loadu_ps(turboq4_centroids + 8);
-    const __m256i fifteen = _mm256_set1_epi32(15);
-    for (int j = 0; j < 8; ++j) {
-        const __m256i q = turboq_bytes8(b->qs + 8*j);
-        const __m256i idx[2] = { _mm256_and_si256(q, fifteen), _mm256_srli_epi32(q, 4) };
-        for (int k = 0; k < 2; ++k) {
-            // bit 3 of the index picks the upper half of the table; blendv reads the lane's sign bit
-            const __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(idx[k], 28));
-            const __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut_lo, idx[k]),
-                                              _mm256_permutevar8x32_ps(lut_hi, idx[k]), sel);
-            _mm256_storeu_ps(out + 64*k + 8*j, v);
-        }
-    }
-    return GGML_CPU_FP16_TO_FP32(b->norm);
-}
-
-static inline float turboq8_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq8_0 * b = (const block_turboq8_0 *) vb;
-    const __m256 step = _mm256_set1_ps(1.0f/127.5f);
-    const __m256 one  = _mm256_set1_ps(1.0f);
-    for (int j = 0; j < 16; ++j) {
-        const __m256 q = _mm256_cvtepi32_ps(turboq_bytes8(b->qs + 8*j));
-        _mm256_storeu_ps(out + 8*j, _mm256_fmsub_ps(q, step, one));
-    }
-    return GGML_CPU_FP16_TO_FP32(b->norm);
-}
-
 // The _g64 twins: the same layouts with 64 for 128 (ggml-common.h)
-static inline float turboq_g64_norm(const void * vb) {
-    ggml_half h;
-    memcpy(&h, vb, sizeof(h));
-    return GGML_CPU_FP16_TO_FP32(h);
-}
 
 static inline float turboq2_g64_decode(const void * vb, float * GGML_RESTRICT out) {
     const block_turboq2_g64 * b = (const block_turboq2_g64 *) vb;
@@ -123,34 +88,44 @@ static inline float turboq3_g64_decode(const void * vb, float * GGML_RESTRICT ou
     return turboq_g64_norm(vb);
 }
 
-static inline float turboq4_g64_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq4_g64 * b = (const block_turboq4_g64 *) vb;
-    const __m256 lut_lo = _mm256_loadu_ps(turboq4_g64_centroids);
-    const __m256 lut_hi = _mm256_loadu_ps(turboq4_g64_centroids + 8);
-    const __m256i fifteen = _mm256_set1_epi32(15);
-    for (int j = 0; j < 4; ++j) {
-        const __m256i q = turboq_bytes8(b->qs + 8*j);
-        const __m256i idx[2] = { _mm256_and_si256(q, fifteen), _mm256_srli_epi32(q, 4) };
-        for (int k = 0; k < 2; ++k) {
-            const __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(idx[k], 28));
-            const __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut_lo, idx[k]),
-                                              _mm256_permutevar8x32_ps(lut_hi, idx[k]), sel);
-            _mm256_storeu_ps(out + 32*k + 8*j, v);
-        }
+// turboq4 and turboq8 (and twins), for a group of G: turboq4's byte i holds value i (low nibble) and
+// i + G/2; turboq8's byte i is value i
+#define TURBOQ4_DECODE(NAME, TYPE, G, TABLE)                                                                    \
+    static inline float NAME##_decode(const void * vb, float * GGML_RESTRICT out) {                            \
+        const block_##TYPE * b = (const block_##TYPE *) vb;                                                     \
+        const __m256 lut_lo = _mm256_loadu_ps(TABLE);                                                           \
+        const __m256 lut_hi = _mm256_loadu_ps(TABLE + 8);                                                       \
+        const __m256i fifteen = _mm256_set1_epi32(15);                                                          \
+        for (int j = 0; j < (G)/16; ++j) {                                                                      \
+            const __m256i q = turboq_bytes8(b->qs + 8*j);                                                       \
+            const __m256i idx[2] = { _mm256_and_si256(q, fifteen), _mm256_srli_epi32(q, 4) };                   \
+            for (int k = 0; k < 2; ++k) {                                                                       \
+                /* bit 3 of the index picks the upper half of the table; blendv reads the lane's sign bit */    \
+                const __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(idx[k], 28));                          \
+                const __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut_lo, idx[k]),                     \
+                                                  _mm256_permutevar8x32_ps(lut_hi, idx[k]), sel);               \
+                _mm256_storeu_ps(out + (G)/2*k + 8*j, v);                                                       \
+            }                                                                                                   \
+        }                                                                                                       \
+        return GGML_CPU_FP16_TO_FP32(b->norm);                                                                  \
     }
-    return turboq_g64_norm(vb);
-}
 
-static inline float turboq8_g64_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq8_g64 * b = (const block_turboq8_g64 *) vb;
-    const __m256 step = _mm256_set1_ps(1.0f/127.5f);
-    const __m256 one  = _mm256_set1_ps(1.0f);
-    for (int j = 0; j < 8; ++j) {
-        const __m256 q = _mm256_cvtepi32_ps(turboq_bytes8(b->qs + 8*j));
-        _mm256_storeu_ps(out + 8*j, _mm256_fmsub_ps(q, step, one));
+#define TURBOQ8_DECODE(NAME, TYPE, G)                                                                           \
+    static inline float NAME##_decode(const void * vb, float * GGML_RESTRICT out) {                            \
+        const block_##TYPE * b = (const block_##TYPE *) vb;                                                     \
+        const __m256 step = _mm256_set1_ps(1.0f/127.5f);                                                        \
+        const __m256 one  = _mm256_set1_ps(1.0f);                                                               \
+        for (int j = 0; j < (G)/8; ++j) {                                                                       \
+            const __m256 q = _mm256_cvtepi32_ps(turboq_bytes8(b->qs + 8*j));                                    \
+            _mm256_storeu_ps(out + 8*j, _mm256_fmsub_ps(q, step, one));                                         \
+        }                                                                                                       \
+        return GGML_CPU_FP16_TO_FP32(b->norm);                                                                  \
     }
-    return turboq_g64_norm(vb);
-}
+
+TURBOQ4_DECODE(turboq4, turboq4_0, TURBOQ_GROUP, turboq4_centroids)
+TURBOQ8_DECODE(turboq8, turboq8_0, TURBOQ_GROUP)
+TURBOQ4_DECODE(turboq4_g64, turboq4_g64, QK_TURBOQ_G64, turboq4_g64_centroids)
+TURBOQ8_DECODE(turboq8_g64, turboq8_g64, QK_TURBOQ_G64)
 
 static inline float turboq_dot(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b, int n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
@@ -216,32 +191,6 @@ static inline void turboq3_decode_row(const void * GGML_RESTRICT vx, float * GGM
     }
 }
 
-static inline void turboq4_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
-    const block_turboq4_0 * x = (const block_turboq4_0 *) vx;
-    for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib, y += TURBOQ_GROUP) {
-        const __m512 lut = _mm512_mul_ps(_mm512_loadu_ps(turboq4_centroids), _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
-        // byte i holds value i (low nibble) and value i + 64 (high nibble)
-        for (int m = 0; m < 4; ++m) {
-            const __m512i q = turboq_bytes16(x[ib].qs + 16*m);
-            _mm512_storeu_ps(y + 16*m,      _mm512_permutexvar_ps(q, lut));  // reads bits 0-3 only
-            _mm512_storeu_ps(y + 16*m + 64, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut));
-        }
-    }
-}
-
-static inline void turboq8_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
-    const block_turboq8_0 * x = (const block_turboq8_0 *) vx;
-    for (int64_t ib = 0; ib < n / TURBOQ_GROUP; ++ib, y += TURBOQ_GROUP) {
-        // norm * (q/127.5 - 1)
-        const float norm = GGML_CPU_FP16_TO_FP32(x[ib].norm);
-        const __m512 step = _mm512_set1_ps(norm/127.5f);
-        const __m512 off  = _mm512_set1_ps(norm);
-        for (int m = 0; m < 8; ++m) {
-            const __m512 q = _mm512_cvtepi32_ps(turboq_bytes16(x[ib].qs + 16*m));
-            _mm512_storeu_ps(y + 16*m, _mm512_fmsub_ps(q, step, off));
-        }
-    }
-}
 static inline void turboq2_g64_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
     const block_turboq2_g64 * x = (const block_turboq2_g64 *) vx;
     const __m512 lut4 = _mm512_broadcast_f32x4(_mm_loadu_ps(turboq2_g64_centroids));
@@ -276,29 +225,36 @@ static inline void turboq3_g64_decode_row(const void * GGML_RESTRICT vx, float *
     }
 }
 
-static inline void turboq4_g64_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
-    const block_turboq4_g64 * x = (const block_turboq4_g64 *) vx;
-    for (int64_t ib = 0; ib < n / QK_TURBOQ_G64; ++ib, y += QK_TURBOQ_G64) {
-        const __m512 lut = _mm512_mul_ps(_mm512_loadu_ps(turboq4_g64_centroids), _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
-        // byte i holds value i (low nibble) and value i + 32 (high nibble)
-        for (int m = 0; m < 2; ++m) {
-            const __m512i q = turboq_bytes16(x[ib].qs + 16*m);
-            _mm512_storeu_ps(y + 16*m,      _mm512_permutexvar_ps(q, lut));
-            _mm512_storeu_ps(y + 16*m + 32, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut));
-        }
+#define TURBOQ4_DECODE_ROW(NAME, TYPE, G, TABLE)                                                                \
+    static inline void NAME##_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {  \
+        const block_##TYPE * x = (const block_##TYPE *) vx;                                                     \
+        for (int64_t ib = 0; ib < n / (G); ++ib, y += (G)) {                                                    \
+            const __m512 lut = _mm512_mul_ps(_mm512_loadu_ps(TABLE), _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm))); \
+            for (int m = 0; m < (G)/32; ++m) {                                                                  \
+                const __m512i q = turboq_bytes16(x[ib].qs + 16*m);                                              \
+                _mm512_storeu_ps(y + 16*m,         _mm512_permutexvar_ps(q, lut)); /* reads bits 0-3 only */    \
+                _mm512_storeu_ps(y + 16*m + (G)/2, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut));       \
+            }                                                                                                   \
+        }                                                                                                       \
     }
-}
 
-static inline void turboq8_g64_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
-    const block_turboq8_g64 * x = (const block_turboq8_g64 *) vx;
-    for (int64_t ib = 0; ib < n / QK_TURBOQ_G64; ++ib, y += QK_TURBOQ_G64) {
-        const float norm = GGML_CPU_FP16_TO_FP32(x[ib].norm);
-        const __m512 step = _mm512_set1_ps(norm/127.5f);
-        const __m512 off  = _mm512_set1_ps(norm);
-        for (int m = 0; m < 4; ++m) {
-            const __m512 q = _mm512_cvtepi32_ps(turboq_bytes16(x[ib].qs + 16*m));
-            _mm512_storeu_ps(y + 16*m, _mm512_fmsub_ps(q, step, off));
-        }
+// norm * (q/127.5 - 1)
+#define TURBOQ8_DECODE_ROW(NAME, TYPE, G)                                                                       \
+    static inline void NAME##_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {  \
+        const block_##TYPE * x = (const block_##TYPE *) vx;                                                     \
+        for (int64_t ib = 0; ib < n / (G); ++ib, y += (G)) {                                                    \
+            const float norm = GGML_CPU_FP16_TO_FP32(x[ib].norm);                                              \
+            const __m512 step = _mm512_set1_ps(norm/127.5f);                                                    \
+            const __m512 off  = _mm512_set1_ps(norm);                                                           \
+            for (int m = 0; m < (G)/16; ++m) {                                                                  \
+                const __m512 q = _mm512_cvtepi32_ps(turboq_bytes16(x[ib].qs + 16*m));                           \
+                _mm512_storeu_ps(y + 16*m, _mm512_fmsub_ps(q, step, off));                                      \
+            }                                                                                                   \
+        }                                                                                                       \
     }
-}
+
+TURBOQ4_DECODE_ROW(turboq4, turboq4_0, TURBOQ_GROUP, turboq4_centroids)
+TURBOQ8_DECODE_ROW(turboq8, turboq8_0, TURBOQ_GROUP)
+TURBOQ4_DECODE_ROW(turboq4_g64, turboq4_g64, QK_TURBOQ_G64, turboq4_g64_centroids)
+TURBOQ8_DECODE_ROW(turboq8_g64, turboq8_g64, QK_TURBOQ_G64)
 #endif // __AVX512F__
