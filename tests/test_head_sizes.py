@@ -17,6 +17,7 @@ import pytest
 from pyturbo import attention, codec, data
 from pyturbo.lab import reference
 from pyturbo.lab.codebook import G64, lloyd_max
+from pyturbo.bench.cpu import parse_config
 from pyturbo.memory import kv_bytes
 from pyturbo.tools import kv_mib, llama_perplexity as perplexity, run_tool
 from pyturbo.types import TURBOQ_G64_TYPES, TURBOQ_TYPES, layer_cache_type
@@ -65,13 +66,16 @@ def test_which_layers_take_the_64_value_twin(head_dim, want):
 
 
 @pytest.mark.parametrize("name", TURBOQ_G64_TYPES)
-def test_a_twin_is_not_a_name_to_ask_for(Llama, smollm2, name):
-    # llama.cpp's tools do not take the twins' names; pyturbo.Llama refuses them before loading
+def test_a_twin_is_not_a_name_to_ask_for(Llama, tmp_path, name):
+    # llama.cpp's tools do not take the twins' names; pyturbo.Llama refuses them before it loads
+    # anything (so the model path need not exist), pyturbo.bench before it runs a tool
     base = name.removesuffix("_g64")
     with pytest.raises(ValueError, match=f"ask for '{base}'"):
-        Llama(str(smollm2), cache_type_k=name, verbose=False)
+        Llama(str(tmp_path / "never-read.gguf"), cache_type_k=name, verbose=False)
     with pytest.raises(ValueError, match=f"ask for '{base}'"):
-        Llama(str(smollm2), cache_type_k=base, cache_type_v=name.upper(), verbose=False)
+        Llama(str(tmp_path / "never-read.gguf"), cache_type_k=base, cache_type_v=name.upper(), verbose=False)
+    with pytest.raises(ValueError, match=f"ask for '{base}'"):
+        parse_config(f"{base}/{name}:3")
 
 
 def _numpy_attention(q, k, v, scale):

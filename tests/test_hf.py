@@ -127,6 +127,8 @@ def test_bad_input_is_a_clear_error(rng):
         TurboQuantLayer("turboq5", "turboq3")
     with pytest.raises(ValueError, match="not supported by pyturbo.hf"):
         TurboQuantLayer("q4_0", "turboq3")
+    with pytest.raises(ValueError, match="ask for 'turboq3'"):  # a twin is picked per head size, not asked for
+        TurboQuantLayer("turboq3", "turboq3_g64")
     layer = TurboQuantLayer("turboq3", "turboq3")
     with pytest.raises(ValueError, match=r"\[batch, kv_heads, tokens, head_dim\]"):
         layer.update(torch.zeros(1, 4, 64), torch.zeros(1, 4, 64))

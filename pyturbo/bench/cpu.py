@@ -24,7 +24,7 @@ from .. import data
 from ..tools import llama_perplexity, run_tool
 from ..layer_adaptive import policies
 from ..memory import kv_geometry
-from ..types import layer_cache_type
+from ..types import layer_cache_type, requested_cache_type
 
 QUALITY_TYPES = ["f16", "q8_0", "q4_0", "turboq8", "turboq4", "turboq3", "turboq2"]
 SPEED_TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3", "q8_0/turboq3", "turboq3:onerow", "q8_0/turboq3:onerow"]
@@ -49,6 +49,8 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
     spec, *opts = c.split(":")
     k, _, v = spec.partition("/")
     v = v or k
+    for t in (k, v):
+        requested_cache_type(t)  # a clear error before any tool runs
     env: dict[str, str] = {}
     for opt in opts:
         if opt in OPTIONS:

@@ -33,7 +33,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
 
 from .. import layer_adaptive as la
-from ..types import layer_cache_type
+from ..types import layer_cache_type, requested_cache_type
 from . import torch_codec as tc
 
 CENTER_TOKENS = 512
@@ -49,7 +49,8 @@ class _Codec:
     """One side (K or V) of a layer: type, geometry, encode to / decode from stored rows."""
 
     def __init__(self, type_name: str) -> None:
-        self.type = tc.check_type(type_name).name
+        # a user's name (a _g64 twin is picked per head size in init, as llama.cpp does)
+        self.type = tc.check_type(requested_cache_type(type_name)).name
         self.n_heads = 0
         self.head_dim = 0
 
@@ -235,7 +236,7 @@ def layer_cache_types(n_layer: int, type_k: str, type_v: str, layer_adaptive: in
     The modes that rank layers by K gain (3) need k_gains (k_gains_from_gguf); they pick the
     n_layer // k_gain_div (at least 1) largest, ties to the lower layer, as llama.cpp does.
     """
-    tk, tv = tc.check_type(type_k).name, tc.check_type(type_v).name
+    tk, tv = (tc.check_type(requested_cache_type(t)).name for t in (type_k, type_v))
     return la.layer_cache_types(layer_adaptive, n_layer, tk, tv, k_gains)
 
 
