@@ -3,6 +3,7 @@
 #include "llama-batch.h"
 
 #include "ggml-backend.h"
+#include "ggml-fa-exact.h"
 
 #include <cmath>
 #include <cstdio>
@@ -62,10 +63,6 @@ static float mask_get(const ggml_tensor * t, int64_t i0, int64_t i1) {
     return ggml_fp16_to_fp32(*(const ggml_fp16_t *) ((const char *) t->data + i1*t->nb[1] + i0*t->nb[0]));
 }
 
-static void mask_set(ggml_tensor * t, int64_t i0, int64_t i1, float x) {
-    *(ggml_fp16_t *) ((char *) t->data + i1*t->nb[1] + i0*t->nb[0]) = ggml_fp32_to_fp16(x);
-}
-
 void llama_turboq_tail_set_mask(ggml_tensor * dst, const ggml_tensor * kq_mask_desc, const ggml_tensor * k_idxs,
                                 const llama_ubatch * ubatch, const std::function<void(ggml_tensor *)> & fill_mask) {
     GGML_ASSERT(ggml_backend_buffer_is_host(dst->buffer));
@@ -104,11 +101,15 @@ void llama_turboq_tail_set_mask(ggml_tensor * dst, const ggml_tensor * kq_mask_d
         }
     }
 
+    // dst holds two contiguous masks (flash attention takes no other): the cache's [n_kv, n_tokens],
+    // then the exact rows' [n_tokens, n_tokens]
+    ggml_fp16_t * cache_mask = (ggml_fp16_t *) dst->data;
+    ggml_fp16_t * exact_mask = cache_mask + n_kv*n_tokens;
     const int64_t w    = llama_turboq_exact_tail();
     const int64_t sink = llama_turboq_exact_sink();
     for (int64_t i = 0; i < n_tokens; ++i) {
         for (int64_t c = 0; c < n_kv; ++c) {
-            mask_set(dst, c, i, mask_get(kq_mask, c, i));
+            cache_mask[i*n_kv + c] = ggml_fp32_to_fp16(mask_get(kq_mask, c, i));
         }
         for (int64_t j = 0; j < n_tokens; ++j) {
             const int64_t d = (int64_t) ubatch->pos[i] - ubatch->pos[j];
@@ -116,10 +117,10 @@ void llama_turboq_tail_set_mask(ggml_tensor * dst, const ggml_tensor * kq_mask_d
             if (cell[j] >= 0 && ((d >= 0 && d < w) || ubatch->pos[j] < sink)) {
                 m = mask_get(kq_mask, cell[j], i);  // visible to this query (sequence, causality, SWA)?
                 if (m != -INFINITY) {
-                    mask_set(dst, cell[j], i, -INFINITY);
+                    cache_mask[i*n_kv + cell[j]] = ggml_fp32_to_fp16(-INFINITY);
                 }
             }
-            mask_set(dst, n_kv + j, i, m);
+            exact_mask[i*n_tokens + j] = ggml_fp32_to_fp16(m);
         }
     }
 }
@@ -129,9 +130,26 @@ bool llama_turboq_tail_layer(const ggml_tensor * k, const ggml_tensor * v) {
            (ggml_is_quantized(k->type) || ggml_is_quantized(v->type));
 }
 
-ggml_tensor * llama_turboq_tail_concat(ggml_context * ctx, ggml_tensor * cache_view, ggml_tensor * cur) {
-    ggml_tensor * stored = ggml_cast(ctx, cache_view, GGML_TYPE_F16);
-    ggml_tensor * exact  = ggml_cast(ctx, cur, GGML_TYPE_F16);
-    exact = ggml_reshape_4d(ctx, exact, stored->ne[0], stored->ne[1], ggml_nelements(exact)/(stored->ne[0]*stored->ne[1]), 1);
-    return ggml_concat(ctx, stored, exact, 2);
+llama_turboq_tail_rows llama_turboq_tail_rows_new(ggml_context * ctx, ggml_tensor * tail_mask,
+                                                  ggml_tensor * k_stored, ggml_tensor * v_cur) {
+    const int64_t n_tokens = tail_mask->ne[1];
+    const int64_t n_kv     = tail_mask->ne[0] - n_tokens;
+    const int64_t n_head   = v_cur->ne[1];
+    llama_turboq_tail_rows r;
+    // [n_embd_head, n_tokens, n_head_kv, 1], as flash attention takes K and V
+    if (!ggml_is_contiguous(k_stored)) {
+        k_stored = ggml_cont(ctx, k_stored);
+    }
+    r.k = ggml_permute(ctx, ggml_reshape_3d(ctx, k_stored, k_stored->ne[0]/n_head, n_head, n_tokens), 0, 2, 1, 3);
+    r.v = ggml_permute(ctx, v_cur, 0, 2, 1, 3);
+    const size_t  es       = ggml_element_size(tail_mask);
+    r.cache_mask = ggml_view_2d(ctx, tail_mask, n_kv, n_tokens, n_kv*es, 0);  // see llama_turboq_tail_set_mask
+    r.mask       = ggml_view_2d(ctx, tail_mask, n_tokens, n_tokens, n_tokens*es, n_kv*n_tokens*es);
+    return r;
+}
+
+void llama_turboq_tail_attach(ggml_tensor * fa, const llama_turboq_tail_rows * rows) {
+    if (rows && rows->k) {
+        ggml_flash_attn_ext_set_exact(fa, rows->k, rows->v, rows->mask);
+    }
 }

@@ -11,10 +11,10 @@
 // -b = -ub = -c) every window is exact, and at decode only the query's own row is. It applies to
 // layers whose K or V is quantized (any type, so that q4_0 can be measured with the same window)
 // in a cache with one stream, with flash attention (elsewhere it warns once and reads every row as
-// stored), and not in hybrid (recurrent + attention) models. Each such layer attends over an f16
-// copy of its cache (dequantized per graph) followed by the ubatch's own rows, under a mask that
-// hides a windowed key's stored copy and shows its exact one: slow and memory-hungry, a
-// measurement, not a product path.
+// stored), and not in hybrid (recurrent + attention) models. Each such layer's flash attention reads
+// the ubatch's own rows as exact rows beside its cache (ggml-fa-exact.h; CPU only), under a mask
+// that hides a windowed key's stored copy and shows its exact one: a measurement, not a product
+// path, which would keep the rows of earlier ubatches too.
 
 #include "ggml.h"
 
@@ -30,7 +30,8 @@ int32_t llama_turboq_exact_tail();
 // (the lab's "sink token exact"), by the queries of the ubatch that holds them; 0 when unset
 int32_t llama_turboq_exact_sink();
 
-// the mask for layers that read the window exact: [n_kv + n_tokens, n_tokens] of kq_mask's type;
+// the masks for layers that read the window exact, as one tensor of [n_kv + n_tokens, n_tokens] F16
+// values: the cache's mask [n_kv, n_tokens] followed by the exact rows' [n_tokens, n_tokens];
 // nullptr when both switches are off, kq_mask has more than one stream or is not flash
 // attention's (F16)
 ggml_tensor * llama_turboq_tail_new_mask(ggml_context * ctx, const ggml_tensor * kq_mask);
@@ -44,6 +45,20 @@ void llama_turboq_tail_set_mask(ggml_tensor * dst, const ggml_tensor * kq_mask, 
 // whether a layer with this K and V reads the window exact
 bool llama_turboq_tail_layer(const ggml_tensor * k, const ggml_tensor * v);
 
-// graph: the cache's view [n_embd_head, n_head_kv, n_kv, 1] as f16, followed by the ubatch's rows
-// cur (n_embd_head*n_head_kv values per token, as the cache would store them before quantization)
-ggml_tensor * llama_turboq_tail_concat(ggml_context * ctx, ggml_tensor * cache_view, ggml_tensor * cur);
+// a layer's exact rows (ggml-fa-exact.h): the ubatch's K (as the cache takes it before quantization)
+// and V, the tail mask's view over them, and its view over the cache's rows, which the layer reads
+// instead of the cache's own mask
+struct llama_turboq_tail_rows {
+    ggml_tensor * k          = nullptr;
+    ggml_tensor * v          = nullptr;
+    ggml_tensor * mask       = nullptr;
+    ggml_tensor * cache_mask = nullptr;
+};
+
+// k_stored [n_embd_head*n_head_kv, n_tokens] (turboq_stored_k), v_cur [n_embd_head, n_head_kv, n_tokens]
+llama_turboq_tail_rows llama_turboq_tail_rows_new(ggml_context * ctx, ggml_tensor * tail_mask,
+                                                  ggml_tensor * k_stored, ggml_tensor * v_cur);
+
+// gives a flash-attention node, as build_attn_mha makes it, the exact rows; nothing when rows is
+// null (llm_graph_context::turboq_exact)
+void llama_turboq_tail_attach(ggml_tensor * fa, const llama_turboq_tail_rows * rows);

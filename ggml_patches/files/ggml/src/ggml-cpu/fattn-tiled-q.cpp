@@ -12,6 +12,10 @@
 // When there are fewer tiles than threads (decode), the KV range is split across threads and the
 // partial (max, sum, V sum) of every row are merged after a barrier, as upstream does for f16.
 //
+// Exact rows (ggml-fa-exact.h) are converted and rotated into attention's domain once per node,
+// by all threads before the tiles, and each tile reads them after the cache's rows, in the first
+// KV chunk only. A node with exact rows always takes this path: no other one reads them.
+//
 // K/V tiles and chunks start at the first cached row that the tile's queries can see, not at
 // row 0: which rows a tile groups (and which SIMD lane a row's softmax term lands in) then
 // depends only on the visible rows, not on where a sequence's cells lie in the cache. So a
@@ -25,6 +29,7 @@
 #include "simd-gemm.h"
 #include "turboq-cpu.h"
 #include "../ggml-turboq.h"
+#include "ggml-fa-exact.h"
 
 #include <algorithm>
 #include <cmath>
@@ -125,6 +130,8 @@ plan make_plan(const ggml_tensor * dst, int nth) {
 
 struct attn {
     const ggml_tensor * q, * k, * v, * mask, * sinks;
+    const ggml_tensor * ek, * ev, * emask;  // exact rows (ggml-fa-exact.h), or nullptr
+    float * Ek, * Ev;                       // ... as f32 in attention's domain: [ne3][head][row][D]
     ggml_tensor * dst;
     int64_t DK, DV;
     float scale, softcap, max_bias, m0, m1;
@@ -139,6 +146,38 @@ struct attn {
         return h < n_head_log2 ? powf(m0, h + 1) : powf(m1, 2*(h - n_head_log2) + 1);
     }
 };
+
+// the rows [first, last] of the nkv that mask covers (the cache's, or the exact ones) that any
+// query row of tile (g, r0..r1) can see; first > last when none
+void visible_span(const ggml_tensor * mask, int64_t nkv, const attn & a, int64_t g, int64_t r0, int64_t r1,
+                  int64_t & first, int64_t & last) {
+    first = 0;
+    last  = nkv - 1;
+    if (!mask) {
+        return;
+    }
+    const int64_t iq3 = g/a.k->ne[2], ik2 = g%a.k->ne[2];
+    first = nkv;
+    last  = -1;
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t iq1 = r/a.p.rk2, iq2 = ik2*a.p.rk2 + r%a.p.rk2;
+        const ggml_fp16_t * m = (const ggml_fp16_t *) ((const char *) mask->data + iq1*mask->nb[1]
+                                + (iq2%mask->ne[2])*mask->nb[2] + (iq3%mask->ne[3])*mask->nb[3]);
+        // a slope never turns a finite mask value into -inf, so the mask alone says what is visible
+        for (int64_t c = 0; c < first; ++c) {
+            if (GGML_CPU_FP16_TO_FP32(m[c]) != -INFINITY) {
+                first = c;
+                break;
+            }
+        }
+        for (int64_t c = nkv - 1; c > last; --c) {
+            if (GGML_CPU_FP16_TO_FP32(m[c]) != -INFINITY) {
+                last = c;
+                break;
+            }
+        }
+    }
+}
 
 // one tile (rows r0..r1 of group g) over the cached rows c0..c1; writes dst, or the partials of
 // chunk isplit when partials is set
@@ -199,27 +238,26 @@ void run_tile(const attn & a, int64_t g, int64_t r0, int64_t r1, int64_t c0, int
     }
     memset(O, 0, n*DV*sizeof(float));
 
-    for (int64_t ic = c0; ic < c1; ic += KT) {
-        const int64_t kv = std::min(KT, c1 - ic);
-
-        if (mask) {
+    // one K/V tile of kv rows: mr[t] the tile's mask row of query t (nullptr: no mask), load_k and
+    // load_v decode its rows into Kd and Vd
+    const ggml_fp16_t * mr[QT];
+    auto step = [&](int64_t kv, bool masked, auto && load_k, auto && load_v) {
+        if (masked) {
             bool all_masked = true;
             for (int64_t t = 0; t < n; ++t) {
                 float * pr = P + t*KT;
-                const ggml_fp16_t * mp = mrow[t] + ic;
+                const ggml_fp16_t * mp = mr[t];
                 for (int64_t j = 0; j < kv; ++j) {
                     pr[j] = slope[t]*GGML_CPU_FP16_TO_FP32(mp[j]);
                     all_masked = all_masked && pr[j] == -INFINITY;
                 }
             }
             if (all_masked) {
-                continue;
+                return;
             }
         }
 
-        for (int64_t j = 0; j < kv; ++j) {
-            decode_row(k->type, (const char *) k->data + (ic + j)*k->nb[1] + ik2*k->nb[2] + ik3*k->nb[3], Kd + j*DK, DK);
-        }
+        load_k();
         if (by_dot) {
             for (int64_t j = 0; j < kv; ++j) {
                 for (int64_t t = 0; t < n; ++t) {
@@ -238,7 +276,7 @@ void run_tile(const attn & a, int64_t g, int64_t r0, int64_t r1, int64_t c0, int
                 if (a.softcap != 0.0f) {
                     s = a.softcap*tanhf(s);
                 }
-                pr[j] = mask ? pr[j] + s : s;
+                pr[j] = masked ? pr[j] + s : s;
             }
             for (int64_t j = kv; j < KT; ++j) {
                 pr[j] = -INFINITY;
@@ -259,13 +297,50 @@ void run_tile(const attn & a, int64_t g, int64_t r0, int64_t r1, int64_t c0, int
             S[t] += (float) ggml_vec_soft_max_f32((int) KT, pr, pr, Mnew);
         }
 
-        for (int64_t j = 0; j < kv; ++j) {
-            decode_row(v->type, (const char *) v->data + (ic + j)*v->nb[1] + ik2*v->nb[2] + ik3*v->nb[3], Vd + j*DV, DV);
-        }
+        load_v();
         if (kv < KT) {
             memset(Vd + kv*DV, 0, (KT - kv)*DV*sizeof(float));
         }
         simd_gemm(O, P, Vd, (int) n, (int) KT, (int) DV);
+    };
+
+    for (int64_t ic = c0; ic < c1; ic += KT) {
+        const int64_t kv = std::min(KT, c1 - ic);
+        for (int64_t t = 0; t < n; ++t) {
+            mr[t] = mask ? mrow[t] + ic : nullptr;
+        }
+        step(kv, mask != nullptr,
+            [&] {
+                for (int64_t j = 0; j < kv; ++j) {
+                    decode_row(k->type, (const char *) k->data + (ic + j)*k->nb[1] + ik2*k->nb[2] + ik3*k->nb[3], Kd + j*DK, DK);
+                }
+            },
+            [&] {
+                for (int64_t j = 0; j < kv; ++j) {
+                    decode_row(v->type, (const char *) v->data + (ic + j)*v->nb[1] + ik2*v->nb[2] + ik3*v->nb[3], Vd + j*DV, DV);
+                }
+            });
+    }
+
+    // the exact rows, once per row (in the first KV chunk), already in attention's domain
+    if (a.ek && isplit == 0) {
+        const ggml_tensor * em = a.emask;
+        const int64_t ne_x = a.ek->ne[1];
+        const int64_t ek3  = a.ek->ne[3] == 1 ? 0 : ik3;
+        const float * ekb  = a.Ek + (ek3*a.ek->ne[2] + ik2)*ne_x*DK;
+        const float * evb  = a.Ev + (ek3*a.ek->ne[2] + ik2)*ne_x*DV;
+        int64_t first, last;
+        visible_span(em, ne_x, a, g, r0, r1, first, last);
+        for (int64_t ic = first; ic <= last; ic += KT) {
+            const int64_t kv = std::min(KT, last + 1 - ic);
+            for (int64_t t = 0; t < n; ++t) {
+                mr[t] = (const ggml_fp16_t *) ((const char *) em->data + iq1[t]*em->nb[1]
+                        + (iq2[t]%em->ne[2])*em->nb[2] + (iq3%em->ne[3])*em->nb[3]) + ic;
+            }
+            step(kv, true,
+                [&] { memcpy(Kd, ekb + ic*DK, kv*DK*sizeof(float)); },
+                [&] { memcpy(Vd, evb + ic*DV, kv*DV*sizeof(float)); });
+        }
     }
 
     if (a.sinks && isplit == 0) {
@@ -330,34 +405,75 @@ void merge_row(const attn & a, int64_t R, const float * partials, float * out) {
     memcpy((char *) a.dst->data + (iq3*ne2*ne1 + iq2 + iq1*ne1)*a.dst->nb[1], out, a.dst->nb[1]);
 }
 
-// the cached rows [first, last] that any query row of tile (g, r0..r1) can see; first > last when none
-void visible_span(const attn & a, int64_t g, int64_t r0, int64_t r1, int64_t & first, int64_t & last) {
-    const int64_t nkv = a.k->ne[1];
-    first = 0;
-    last  = nkv - 1;
-    if (!a.mask) {
-        return;
+// the exact rows' shapes against the node's (ggml-fa-exact.h)
+bool exact_rows_fit(const ggml_tensor * dst) {
+    const ggml_tensor * k  = dst->src[1];
+    const ggml_tensor * v  = dst->src[2];
+    const ggml_tensor * ek = ggml_flash_attn_ext_exact_k(dst);
+    const ggml_tensor * ev = ggml_flash_attn_ext_exact_v(dst);
+    const ggml_tensor * em = ggml_flash_attn_ext_exact_mask(dst);
+    const auto row_type = [](const ggml_tensor * t) {
+        return (t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_F32) && t->nb[0] == ggml_type_size(t->type);
+    };
+    return ek && ev && em && row_type(ek) && row_type(ev) && em->type == GGML_TYPE_F16 &&
+           ek->ne[0] == k->ne[0] && ev->ne[0] == v->ne[0] &&
+           ek->ne[1] == ev->ne[1] && em->ne[0] == ek->ne[1] && em->ne[1] >= dst->src[0]->ne[1] &&
+           ek->ne[2] == k->ne[2] && ev->ne[2] == k->ne[2] && ek->ne[3] == ev->ne[3] &&
+           (ek->ne[3] == 1 || ek->ne[3] == k->ne[3]) && (em->ne[3] == 1 || em->ne[3] == dst->src[0]->ne[3]);
+}
+
+// floats of the exact rows in attention's domain, K then V, padded to a cache line
+int64_t exact_floats(const ggml_tensor * dst) {
+    const ggml_tensor * ek = ggml_flash_attn_ext_exact_k(dst);
+    if (!ek) {
+        return 0;
     }
-    const ggml_tensor * mask = a.mask;
-    const int64_t iq3 = g/a.k->ne[2], ik2 = g%a.k->ne[2];
-    first = nkv;
-    last  = -1;
-    for (int64_t r = r0; r < r1; ++r) {
-        const int64_t iq1 = r/a.p.rk2, iq2 = ik2*a.p.rk2 + r%a.p.rk2;
-        const ggml_fp16_t * m = (const ggml_fp16_t *) ((const char *) mask->data + iq1*mask->nb[1]
-                                + (iq2%mask->ne[2])*mask->nb[2] + (iq3%mask->ne[3])*mask->nb[3]);
-        // a slope never turns a finite mask value into -inf, so the mask alone says what is visible
-        for (int64_t c = 0; c < first; ++c) {
-            if (GGML_CPU_FP16_TO_FP32(m[c]) != -INFINITY) {
-                first = c;
-                break;
+    const int64_t rows = ek->ne[1]*ek->ne[2]*ek->ne[3];
+    return (rows*(dst->src[1]->ne[0] + dst->src[2]->ne[0]) + 15) & ~(int64_t) 15;
+}
+
+// one exact row as f32 in attention's domain: through f16 (the precision it is kept at, so that a
+// row reads the same from the ubatch as later from wherever it is kept), rotated for a turboq cache
+void exact_row(const ggml_tensor * t, int64_t r, int64_t h, int64_t i3, ggml_type cache_type, float * y) {
+    const char * x = (const char *) t->data + r*t->nb[1] + h*t->nb[2] + i3*t->nb[3];
+    const int64_t n = t->ne[0];
+    if (t->type == GGML_TYPE_F16) {
+        ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) x, y, n);
+    } else {
+        for (int64_t d = 0; d < n; ++d) {
+            y[d] = GGML_CPU_FP16_TO_FP32(GGML_CPU_FP32_TO_FP16(((const float *) x)[d]));
+        }
+    }
+    if (ggml_turboq_group(cache_type)) {
+        ggml_turboq_cpu_rotate(cache_type, y, n);
+    }
+}
+
+// the exact rows that some query can see, in attention's domain, into Ek/Ev (the others zeroed:
+// a tile may span them, and their weight 0 must not meet a NaN); rows split across the threads
+void prepare_exact(const attn & a, int ith, int nth) {
+    const ggml_tensor * em = a.emask;
+    const int64_t ne_x = a.ek->ne[1], nh = a.ek->ne[2], n3 = a.ek->ne[3];
+    const int64_t nq1 = a.q->ne[1];
+    for (int64_t i = ith; i < ne_x*nh*n3; i += nth) {
+        const int64_t r = i % ne_x, h = (i/ne_x) % nh, i3 = i/(ne_x*nh);
+        bool seen = false;
+        for (int64_t m3 = 0; m3 < em->ne[3] && !seen; ++m3) {
+            for (int64_t m2 = 0; m2 < em->ne[2] && !seen; ++m2) {
+                for (int64_t q1 = 0; q1 < nq1 && !seen; ++q1) {
+                    const ggml_fp16_t * m = (const ggml_fp16_t *) ((const char *) em->data + q1*em->nb[1] + m2*em->nb[2] + m3*em->nb[3]);
+                    seen = GGML_CPU_FP16_TO_FP32(m[r]) != -INFINITY;
+                }
             }
         }
-        for (int64_t c = nkv - 1; c > last; --c) {
-            if (GGML_CPU_FP16_TO_FP32(m[c]) != -INFINITY) {
-                last = c;
-                break;
-            }
+        float * yk = a.Ek + i*a.DK;
+        float * yv = a.Ev + i*a.DV;
+        if (seen) {
+            exact_row(a.ek, r, h, i3, a.k->type, yk);
+            exact_row(a.ev, r, h, i3, a.v->type, yv);
+        } else {
+            memset(yk, 0, a.DK*sizeof(float));
+            memset(yv, 0, a.DV*sizeof(float));
         }
     }
 }
@@ -370,11 +486,16 @@ bool ggml_fa_tiled_q_supported(const ggml_tensor * dst) {
     const ggml_tensor * v    = dst->src[2];
     const ggml_tensor * mask = dst->src[3];
 
-    if (!path_enabled() || q->type != GGML_TYPE_F32) {
+    // exact rows: only this path reads them, so it is taken whatever the cache types and TURBOQ_FA_TILED
+    const bool exact = ggml_flash_attn_ext_exact_k(dst) != nullptr;
+    if (exact && !exact_rows_fit(dst)) {
+        return false;
+    }
+    if ((!exact && !path_enabled()) || q->type != GGML_TYPE_F32) {
         return false;
     }
     // upstream's own tiled path
-    if (k->type == v->type && (k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_F32)) {
+    if (!exact && k->type == v->type && (k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_F32)) {
         return false;
     }
     if (!decodable(k->type) || !decodable(v->type)) {
@@ -397,7 +518,7 @@ size_t ggml_fa_tiled_q_work_size(const ggml_tensor * dst, int n_threads) {
     const int64_t DK = dst->src[1]->ne[0];
     const int64_t DV = dst->src[2]->ne[0];
     const plan p = make_plan(dst, n_threads);
-    int64_t floats = n_threads*thread_floats(DK, DV);
+    int64_t floats = n_threads*thread_floats(DK, DV) + exact_floats(dst);
     if (p.nsplit > 1) {
         floats += p.n_rows_total*p.nsplit*(2 + DV);
     }
@@ -414,6 +535,9 @@ void ggml_fa_tiled_q_compute(const ggml_compute_params * params, ggml_tensor * d
     a.v     = dst->src[2];
     a.mask  = dst->src[3];
     a.sinks = dst->src[4];
+    a.ek    = ggml_flash_attn_ext_exact_k(dst);
+    a.ev    = ggml_flash_attn_ext_exact_v(dst);
+    a.emask = ggml_flash_attn_ext_exact_mask(dst);
     a.dst   = dst;
     a.DK    = a.k->ne[0];
     a.DV    = a.v->ne[0];
@@ -441,10 +565,16 @@ void ggml_fa_tiled_q_compute(const ggml_compute_params * params, ggml_tensor * d
     const int64_t per_thread = thread_floats(a.DK, a.DV);
     GGML_ASSERT(params->wsize >= ggml_fa_tiled_q_work_size(dst, nth));
     float * scratch  = (float *) params->wdata + ith*per_thread;
-    float * partials = a.p.nsplit > 1 ? (float *) params->wdata + nth*per_thread : nullptr;
+    float * exact    = (float *) params->wdata + nth*per_thread;
+    float * partials = a.p.nsplit > 1 ? exact + exact_floats(dst) : nullptr;
+    a.Ek = a.ek ? exact : nullptr;
+    a.Ev = a.ek ? exact + a.ek->ne[1]*a.ek->ne[2]*a.ek->ne[3]*a.DK : nullptr;
 
     const int64_t n_items = a.p.n_tiles*a.p.nsplit;
 
+    if (a.ek) {
+        prepare_exact(a, ith, nth);  // the barrier below ends it
+    }
     if (ith == 0) {
         ggml_threadpool_chunk_set(params->threadpool, nth);
     }
@@ -457,7 +587,7 @@ void ggml_fa_tiled_q_compute(const ggml_compute_params * params, ggml_tensor * d
         const int64_t r0     = (tile%a.p.tiles_per_group)*QT;
         const int64_t r1     = std::min(r0 + QT, a.p.rows);
         int64_t first, last;
-        visible_span(a, g, r0, r1, first, last);
+        visible_span(a.mask, a.k->ne[1], a, g, r0, r1, first, last);
         // the chunks split the visible span, so they too depend on it alone; a chunk past its
         // end runs no K/V tile and leaves an empty partial (sum 0), which the merge skips
         const int64_t span   = std::max<int64_t>(0, last + 1 - first);
