@@ -1,7 +1,8 @@
 """`pyturbo.Llama`: llama_cpp.Llama on the patched libllama, with cache types by name.
 
     from pyturbo import Llama
-    llm = Llama("model.gguf", cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive=7)
+    llm = Llama("model.gguf", cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive=7,
+                kv_exact_window=16)
 
 Every other argument is llama_cpp.Llama's, unchanged. Flash attention defaults to on when a
 turboq type is asked for (it is required); passing flash_attn=False then fails with llama.cpp's
@@ -18,6 +19,7 @@ import sys
 import threading
 from typing import Any, Iterator
 
+from . import exact_window as _ew
 from . import layer_adaptive as _la
 from ._paths import use_patched_llama_cpp
 from .types import CACHE_TYPES, TURBOQ_TYPES, CacheType, requested_cache_type
@@ -96,11 +98,12 @@ def creating_context(*, verbose: bool = True) -> Iterator[None]:
 
 
 class Llama(llama_cpp.Llama):
-    """llama_cpp.Llama with `cache_type_k`, `cache_type_v` (names) and `layer_adaptive`."""
+    """llama_cpp.Llama with `cache_type_k`, `cache_type_v` (names), `layer_adaptive` and
+    `kv_exact_window` (each sequence's last W positions read exact; pyturbo.exact_window)."""
 
     def __init__(self, model_path: str, *args: Any, cache_type_k: str | CacheType | None = None,
                  cache_type_v: str | CacheType | None = None, layer_adaptive: int | None = None,
-                 **kwargs: Any) -> None:
+                 kv_exact_window: int | None = None, **kwargs: Any) -> None:
         tk = requested_cache_type(cache_type_k) if cache_type_k is not None else None
         tv = requested_cache_type(cache_type_v) if cache_type_v is not None else None
         if tk is not None:
@@ -124,6 +127,9 @@ class Llama(llama_cpp.Llama):
         if layer_adaptive is not None:
             # a setting of the model (the GGUF key), so it reaches this model's caches only
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_la.kv_override(layer_adaptive)}
+        if kv_exact_window is not None:
+            kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_ew.kv_override(kv_exact_window)}
+        self.kv_exact_window = kv_exact_window or int((kwargs.get("kv_overrides") or {}).get(_ew.key(), 0))
         verbose = kwargs.get("verbose", True)
         with creating_context(verbose=verbose):
             super().__init__(model_path, *args, **kwargs)

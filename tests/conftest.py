@@ -69,3 +69,17 @@ def Llama(build_info):
     """pyturbo.Llama (importing it sets LLAMA_CPP_LIB_PATH, so only once a build exists)."""
     from pyturbo.llama import Llama
     return Llama
+
+
+@pytest.fixture(scope="session")
+def short_text(build_info):
+    """The first 12000 characters of botchan.txt, as a file."""
+    from pyturbo import data
+    return data.corpus_slice(12000)
+
+
+@pytest.fixture(scope="session")
+def tiny128(build_info):
+    """A tiny random llama GGUF with 128-value heads (f32 weights)."""
+    from pyturbo import data
+    return data.tiny_model(head_dim=128)

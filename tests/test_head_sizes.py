@@ -118,11 +118,6 @@ def test_flash_attention_matches_numpy_on_dequantized_cache(lib, type_k, type_v,
 # ---- llama.cpp end to end ----
 
 @pytest.fixture(scope="module")
-def short_text():
-    return data.corpus_slice(12000)
-
-
-@pytest.fixture(scope="module")
 def smollm2(build_info):
     return data.smollm2_model()
 

@@ -19,16 +19,6 @@ def gemma(build_info):
 
 
 @pytest.fixture(scope="session")
-def short_text():
-    return data.corpus_slice(12000)
-
-
-@pytest.fixture(scope="session")
-def tiny128(build_info):
-    return data.tiny_model(head_dim=128)
-
-
-@pytest.fixture(scope="session")
 def tiny96(build_info):
     return data.tiny_model(head_dim=96)
 

@@ -27,9 +27,11 @@ def tiny(build_info):
     return str(data.tiny_model())
 
 
-def make(Llama, path, k, v, la=None):
-    return Llama(path, cache_type_k=k, cache_type_v=v, layer_adaptive=la, n_ctx=256, n_batch=256, flash_attn=True,
-                 verbose=False, seed=1)
+def make(Llama, path, k, v, la=None, window=None):
+    # logits_all: llama-cpp-python keeps no logits in `scores` otherwise, and the continuations
+    # below would compare rows of zeros
+    return Llama(path, cache_type_k=k, cache_type_v=v, layer_adaptive=la, kv_exact_window=window, n_ctx=256,
+                 n_batch=256, flash_attn=True, verbose=False, seed=1, logits_all=True)
 
 
 def continuation(llm, first: int, n: int = 6) -> tuple[list[int], list[np.ndarray]]:
@@ -56,6 +58,36 @@ def test_python_state_restores_bit_identically(Llama, k, v):
     assert again == tokens
     for a, b in zip(logits, logits2):
         np.testing.assert_array_equal(a, b)
+
+
+def test_python_state_with_an_exact_window_restores_bit_identically(Llama):
+    """The exact window's rows travel with the state: a fresh context whose window held other
+    rows continues as the saved one did, bit for bit, although the window changes the logits
+    (compared with the same cache without it); a state without the window, or with another one,
+    is refused with the reason."""
+    from pyturbo.llama import StateError
+    gemma = str(data.default_model())
+    text = PROMPT + " that the fish would come back when the wind turned"
+    a = make(Llama, gemma, "turboq3", "turboq3", window=8)
+    a.eval(a.tokenize(text.encode()))
+    state = a.save_state()
+    first = int(np.argmax(a.scores[a.n_tokens - 1]))
+    tokens, logits = continuation(a, first)
+    b = make(Llama, gemma, "turboq3", "turboq3", window=8)
+    b.eval(b.tokenize(b"Another text, another cache, with other rows in its window than the first had."))
+    b.load_state(state)
+    again, logits2 = continuation(b, first)
+    assert again == tokens
+    for x, y in zip(logits, logits2):
+        np.testing.assert_array_equal(x, y)
+    plain = make(Llama, gemma, "turboq3", "turboq3")
+    plain.eval(plain.tokenize(text.encode()))
+    _, logits3 = continuation(plain, first)
+    assert max(float(np.abs(x - y).max()) for x, y in zip(logits, logits3)) > 0.1
+    with pytest.raises(StateError, match="the state was saved without an exact window"):
+        b.load_state(plain.save_state())
+    with pytest.raises(StateError, match="the state's window is 8 positions"):
+        make(Llama, gemma, "turboq3", "turboq3", window=16).load_state(state)
 
 
 @pytest.mark.parametrize("k,v,la,reason", [

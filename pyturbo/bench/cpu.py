@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .. import data
+from .. import data, exact_window
 from ..tools import llama_perplexity, run_tool
 from ..layer_adaptive import policies
 from ..memory import kv_geometry
@@ -45,6 +45,7 @@ EXACT_ROWS = {"tail": "TURBOQ_EXACT_TAIL", "sink": "TURBOQ_EXACT_SINK"}
 def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
     """'t' (K = V = t) or 'k/v', then any of ':N' (a TURBO_LAYER_ADAPTIVE mode), ':uncentered'
     (TURBOQ_K_CENTER=0), ':unscaled' (TURBOQ_K_BALANCE=0), ':onerow' (TURBOQ_FA_TILED=0),
+    ':winW' (the exact window, --kv-exact-window W through its alias LLAMA_ARG_KV_EXACT_WINDOW),
     ':tailW' (TURBOQ_EXACT_TAIL=W), ':sinkS' (TURBOQ_EXACT_SINK=S): (label, K, V, environment)."""
     spec, *opts = c.split(":")
     k, _, v = spec.partition("/")
@@ -59,8 +60,10 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
             env["TURBO_LAYER_ADAPTIVE"] = opt
         elif opt[:4] in EXACT_ROWS and opt[4:].isdigit() and int(opt[4:]) > 0:
             env[EXACT_ROWS[opt[:4]]] = opt[4:]
+        elif opt[:3] == "win" and opt[3:].isdigit() and 0 < int(opt[3:]) <= exact_window.MAX:
+            env[exact_window.ENV] = opt[3:]
         else:
-            raise SystemExit(f"{c}: unknown option {opt!r} (a layer mode number, tailW, sinkS, or one of "
+            raise SystemExit(f"{c}: unknown option {opt!r} (a layer mode number, winW, tailW, sinkS, or one of "
                              f"{', '.join(OPTIONS)})")
     return c, k, v, env
 
@@ -71,19 +74,26 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
     turboq type's _g64 twin where the head size is a multiple of 64 but not of 128); for a mode that ranks layers by K gain (3), its
     n_layer // k_gain_div boundary layers carry the boundary K type (the C table's). W + S exact
     positions (a tail and sinks) count as that many of the context's ctx positions held in f16
-    instead of the type (a token is quantized as it leaves the window), as the K/V lab counts it."""
+    instead of the type (a token is quantized as it leaves the window), as the K/V lab counts it.
+    An exact window (':winW') keeps its rows besides: each layer with a quantized K or V holds
+    rows_per_sequence(W) F16 rows of K and of V per sequence on top of the cache."""
     tail = min(sum(int(env.get(var) or 0) for var in EXACT_ROWS.values()), ctx)
+    ring = 16 * exact_window.rows_per_sequence(int(env.get(exact_window.ENV) or 0)) / ctx
 
-    def bpw(t: str, hd: int = head_dim_k) -> float:
+    def quantized(t: str, hd: int) -> bool:
+        return layer_cache_type(t, hd).bpw < 16
+
+    def bpw(t: str, hd: int = head_dim_k, window: bool = False) -> float:
         b = layer_cache_type(t, hd).bpw
-        return b + (16 - b) * tail / ctx
+        return b + (16 - b) * tail / ctx + (ring if window else 0.0)
 
-    bk, bv = bpw(k), bpw(v, head_dim_v)
+    window = quantized(k, head_dim_k) or quantized(v, head_dim_v)
+    bk, bv = bpw(k, window=window), bpw(v, head_dim_v, window)
     mode = int(env.get("TURBO_LAYER_ADAPTIVE") or 0)
     policy = policies().get(mode)
     if policy is not None and policy.k_gain_div and policy.v_boundary is None and policy.v_other is None:
         n = max(1, model_layers // policy.k_gain_div)
-        bk = ((model_layers - n) * bk + n * bpw(policy.k_boundary or k)) / model_layers
+        bk = ((model_layers - n) * bk + n * bpw(policy.k_boundary or k, window=window)) / model_layers
     elif mode:
         return float("nan")
     return (bk + bv) / 2
@@ -121,7 +131,8 @@ def quality(args: argparse.Namespace) -> None:
     q4 = next((r for label, _, r in rows if label == "q4_0"), None)
     print(f"\n{model.name}, {text.name}, c={args.ctx} (-b {batch}), {chunks} chunk(s) (the second half of each "
           "scored), -fa on; KLD against the f16 cache; K/V, ':N' = TURBO_LAYER_ADAPTIVE=N, ':uncentered' = "
-          "TURBOQ_K_CENTER=0, ':unscaled' = TURBOQ_K_BALANCE=0" +
+          "TURBOQ_K_CENTER=0, ':unscaled' = TURBOQ_K_BALANCE=0, ':winW' = --kv-exact-window W (bpw with its F16 "
+          "rows)" +
           (f", ':tailW'/':sinkS' = TURBOQ_EXACT_TAIL=W/TURBOQ_EXACT_SINK=S (-ub {batch}; KV MiB without "
            "those f16 rows, bpw with them)" if ubatch else "") + "\n")
     print("| K/V | bpw | PPL | mean KLD | mean vs q4_0 | median KLD | p99.9 KLD | p99.9 vs q4_0 | same top token | KV MiB | KV vs f16 |")
@@ -217,7 +228,7 @@ def add_parsers(sub) -> None:
     q.add_argument("--plot", help="PNG of KLD against bits per value with the Pareto front (default: "
                                   "bench-out/quality-MODEL-TEXT-cCTX.png; 'none': no plot)")
     q.add_argument("--types", nargs="+", default=QUALITY_TYPES,
-                   help="'t', 'k/v', plus ':N' (TURBO_LAYER_ADAPTIVE), ':uncentered', ':unscaled', ':onerow', ':tailW' or ':sinkS'")
+                   help="'t', 'k/v', plus ':N' (TURBO_LAYER_ADAPTIVE), ':uncentered', ':unscaled', ':onerow', ':winW', ':tailW' or ':sinkS'")
     q.set_defaults(func=quality)
     s = sub.add_parser("speed", help="llama-bench prompt and generation speed vs f16, interleaved rounds")
     s.add_argument("--threads", type=int, default=1)

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pyturbo import data, layer_adaptive
+from pyturbo import data, exact_window, layer_adaptive
 from pyturbo._paths import UnpatchedLibraryError, binary
 from pyturbo.types import CACHE_TYPES, requested_cache_type
 
@@ -35,6 +35,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cache-type-k", "-ctk", default="f16", help=f"K cache type: {names}")
     ap.add_argument("--cache-type-v", "-ctv", default="f16", help=f"V cache type: {names}")
     ap.add_argument("--layer-adaptive", type=int, default=0, help="layer-adaptive mode: per-layer K/V types (see the README)")
+    ap.add_argument("--kv-exact-window", type=int, default=0, metavar="W",
+                    help="quantized caches: each sequence's last W positions read exact, from F16 rows kept beside "
+                         "the cache (CPU; see the README; default 0 = off)")
     ap.add_argument("--n-ctx", type=int, default=4096, help="context of each slot, in tokens (default 4096)")
     ap.add_argument("--parallel", "-np", type=int, default=4,
                     help="slots decoding at once (llama-server engine; default 4). The python engine serves one "
@@ -64,6 +67,10 @@ def _check(args: argparse.Namespace) -> None:
     args.cache_type_k = requested_cache_type(args.cache_type_k).name
     args.cache_type_v = requested_cache_type(args.cache_type_v).name
     layer_adaptive.check_mode(args.layer_adaptive)
+    try:
+        exact_window.check(args.kv_exact_window)
+    except ValueError as e:
+        raise ValueError(f"--kv-exact-window: {e}") from None
     if args.n_ctx < 1:
         raise ValueError(f"--n-ctx {args.n_ctx}: must be at least 1")
     if args.parallel < 1:
@@ -95,7 +102,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.extra and args.engine != "llama-server":
         raise ValueError(f"extra flags {' '.join(args.extra)!r} are llama-server flags; the python engine takes none")
     # these set what the memory check and the cache types already decided
-    for flag in ("--layer-adaptive", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v"):
+    for flag in ("--layer-adaptive", "--kv-exact-window", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v"):
         if any(a == flag or a.startswith(flag + "=") for a in args.extra):
             raise ValueError(f"{flag} after '--': give it as python -m server's own option")
 
@@ -166,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
                                            llama_server.Draft(args.draft_model, args.cache_type_k_draft,
                                                               args.cache_type_v_draft, args.draft_max)
                                            if args.draft_model else None,
-                                           args.embeddings)
+                                           args.embeddings, args.kv_exact_window)
             binary("llama-server")
         except FileNotFoundError as e:
             sys.exit(f"server: {e}")
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app = python_engine.build_app(model, args.cache_type_k, args.cache_type_v, args.layer_adaptive, args.n_ctx,
                                       args.n_threads, alias, args.host, args.port, args.api_key, fallback,
-                                      verbose=not args.quiet)
+                                      verbose=not args.quiet, kv_exact_window=args.kv_exact_window)
     except (ValueError, ContextError) as e:
         sys.exit(f"server: {e}")
     sys.exit(python_engine.run(app, args.host, args.port, args.quiet))

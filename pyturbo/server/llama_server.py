@@ -59,6 +59,7 @@ class LaunchSpec:
     extra: list[str] = field(default_factory=list)
     draft: Draft | None = None
     embeddings: str | None = None  # the pooling, when /v1/embeddings is served
+    kv_exact_window: int = 0
 
     def argv(self) -> list[str]:
         argv = [str(binary("llama-server")), "-m", self.model, "-a", self.alias,
@@ -67,7 +68,7 @@ class LaunchSpec:
                 "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
                 "--host", self.host, "--port", str(self.port)]
         # also when 0: the argument beats a TURBO_LAYER_ADAPTIVE in the caller's environment
-        argv += ["--layer-adaptive", str(self.layer_adaptive)]
+        argv += ["--layer-adaptive", str(self.layer_adaptive), "--kv-exact-window", str(self.kv_exact_window)]
         if self.n_threads:
             argv += ["-t", str(self.n_threads), "-tb", str(self.n_threads)]
         if self.chat_fallback:

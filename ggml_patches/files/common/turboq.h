@@ -16,10 +16,48 @@
 #include <vector>
 
 #define COMMON_TURBOQ_LAYER_ADAPTIVE_ENV "TURBO_LAYER_ADAPTIVE"
+#define COMMON_TURBOQ_EXACT_WINDOW_ENV   "LLAMA_ARG_KV_EXACT_WINDOW"
 
-// libllama's (src/llama-turboq.h): the key, and the rows of the mode table
+// libllama's (src/llama-turboq.h, src/llama-turboq-window.h): the keys, and the rows of the mode table
 extern "C" const char * llama_turboq_layer_adaptive_key(void);
+extern "C" const char * llama_turboq_exact_window_key(void);
 extern "C" bool llama_turboq_layer_policy(int32_t i, int32_t * out);
+
+// libllama's (src/llama-turboq-window.h): whether ctx's caches hold exact rows for the window's
+// positions before n_past of seq (true without a window), and the window's positions (0: none)
+extern "C" bool    llama_turboq_window_can_continue(struct llama_context * ctx, llama_seq_id seq, llama_pos n_past);
+extern "C" int32_t llama_turboq_exact_window(const struct llama_context * ctx);
+
+// adds an int setting to an override list that is not terminated yet
+inline void common_turboq_set_int(std::vector<llama_model_kv_override> & overrides, const char * key, int64_t value) {
+    llama_model_kv_override kvo = {};
+    std::strncpy(kvo.key, key, sizeof(kvo.key) - 1);
+    kvo.tag     = LLAMA_KV_OVERRIDE_TYPE_INT;
+    kvo.val_i64 = value;
+    overrides.push_back(kvo);
+}
+
+// the exact window's positions (llama-turboq-window.h: --kv-exact-window) from text; throws
+// std::invalid_argument when it is not 0..4096
+inline int64_t common_turboq_parse_exact_window(const std::string & text) {
+    char * end = nullptr;
+    errno = 0;
+    const long long w = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || errno != 0 || w < 0 || w > 4096) {
+        throw std::invalid_argument("'" + text + "' is not an exact window: a number of positions, 0 (off) to 4096");
+    }
+    return w;
+}
+
+// LLAMA_ARG_KV_EXACT_WINDOW's window; false when it is unset; throws as above
+inline bool common_turboq_exact_window_from_env(int64_t & w) {
+    const char * env = std::getenv(COMMON_TURBOQ_EXACT_WINDOW_ENV);
+    if (env == nullptr) {
+        return false;
+    }
+    w = common_turboq_parse_exact_window(env);
+    return true;
+}
 
 // adds the mode to an override list that is not terminated yet (common_turboq_keep_last_layer_adaptive
 // then drops the earlier settings)
@@ -31,11 +69,11 @@ inline void common_turboq_set_layer_adaptive(std::vector<llama_model_kv_override
     overrides.push_back(kvo);
 }
 
-// keeps only the last setting of the mode in an override list that is not terminated yet: the
-// environment alias is parsed before the arguments, and the model loader keeps the first of two
-// equal keys, so a later --override-kv of the key would otherwise lose to the environment
-inline void common_turboq_keep_last_layer_adaptive(std::vector<llama_model_kv_override> & overrides) {
-    const char * key = llama_turboq_layer_adaptive_key();
+// keeps only the last setting of a key (the mode, the exact window) in an override list that is
+// not terminated yet: the environment alias is parsed before the arguments, and the model loader
+// keeps the first of two equal keys, so a later --override-kv of the key would otherwise lose to
+// the environment
+inline void common_turboq_keep_last(std::vector<llama_model_kv_override> & overrides, const char * key) {
     for (size_t i = overrides.size(); i-- > 0;) {
         if (std::strcmp(overrides[i].key, key) == 0) {
             for (size_t j = i; j-- > 0;) {
@@ -46,6 +84,10 @@ inline void common_turboq_keep_last_layer_adaptive(std::vector<llama_model_kv_ov
             return;
         }
     }
+}
+
+inline void common_turboq_keep_last_layer_adaptive(std::vector<llama_model_kv_override> & overrides) {
+    common_turboq_keep_last(overrides, llama_turboq_layer_adaptive_key());
 }
 
 // a layer-adaptive mode from text (an argument, the environment); throws std::invalid_argument,

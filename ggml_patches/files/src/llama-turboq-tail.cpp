@@ -63,19 +63,26 @@ static float mask_get(const ggml_tensor * t, int64_t i0, int64_t i1) {
     return ggml_fp16_to_fp32(*(const ggml_fp16_t *) ((const char *) t->data + i1*t->nb[1] + i0*t->nb[0]));
 }
 
+std::vector<uint8_t> llama_turboq_mask_copy(const ggml_tensor * kq_mask_desc, ggml_backend_buffer_t host_buffer,
+                                            const std::function<void(ggml_tensor *)> & fill_mask) {
+    std::vector<uint8_t> scratch(ggml_nbytes(kq_mask_desc));
+    ggml_tensor base = *kq_mask_desc;
+    base.data     = scratch.data();
+    base.buffer   = host_buffer;  // fill_mask checks that it writes host memory
+    base.view_src = nullptr;
+    fill_mask(&base);
+    return scratch;
+}
+
 void llama_turboq_tail_set_mask(ggml_tensor * dst, const ggml_tensor * kq_mask_desc, const ggml_tensor * k_idxs,
                                 const llama_ubatch * ubatch, const std::function<void(ggml_tensor *)> & fill_mask) {
     GGML_ASSERT(ggml_backend_buffer_is_host(dst->buffer));
     GGML_ASSERT(dst->type == GGML_TYPE_F16 && kq_mask_desc->type == GGML_TYPE_F16);
     GGML_ASSERT(ggml_is_contiguous(kq_mask_desc));
 
-    // the base mask into host memory of our own, through a copy of its descriptor
-    std::vector<uint8_t> scratch(ggml_nbytes(kq_mask_desc));
+    std::vector<uint8_t> scratch = llama_turboq_mask_copy(kq_mask_desc, dst->buffer, fill_mask);
     ggml_tensor base = *kq_mask_desc;
-    base.data   = scratch.data();
-    base.buffer = dst->buffer;
-    base.view_src = nullptr;
-    fill_mask(&base);
+    base.data = scratch.data();
     const ggml_tensor * kq_mask = &base;
 
     const int64_t n_kv     = kq_mask->ne[0];
@@ -130,12 +137,12 @@ bool llama_turboq_tail_layer(const ggml_tensor * k, const ggml_tensor * v) {
            (ggml_is_quantized(k->type) || ggml_is_quantized(v->type));
 }
 
-llama_turboq_tail_rows llama_turboq_tail_rows_new(ggml_context * ctx, ggml_tensor * tail_mask,
+llama_turboq_exact_rows llama_turboq_tail_rows_new(ggml_context * ctx, ggml_tensor * tail_mask,
                                                   ggml_tensor * k_stored, ggml_tensor * v_cur) {
     const int64_t n_tokens = tail_mask->ne[1];
     const int64_t n_kv     = tail_mask->ne[0] - n_tokens;
     const int64_t n_head   = v_cur->ne[1];
-    llama_turboq_tail_rows r;
+    llama_turboq_exact_rows r;
     // [n_embd_head, n_tokens, n_head_kv, 1], as flash attention takes K and V
     if (!ggml_is_contiguous(k_stored)) {
         k_stored = ggml_cont(ctx, k_stored);
@@ -148,7 +155,7 @@ llama_turboq_tail_rows llama_turboq_tail_rows_new(ggml_context * ctx, ggml_tenso
     return r;
 }
 
-void llama_turboq_tail_attach(ggml_tensor * fa, const llama_turboq_tail_rows * rows) {
+void llama_turboq_tail_attach(ggml_tensor * fa, const llama_turboq_exact_rows * rows) {
     if (rows && rows->k) {
         ggml_flash_attn_ext_set_exact(fa, rows->k, rows->v, rows->mask);
     }

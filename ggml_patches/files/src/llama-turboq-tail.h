@@ -17,9 +17,11 @@
 // path, which would keep the rows of earlier ubatches too.
 
 #include "ggml.h"
+#include "ggml-backend.h"
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 struct llama_ubatch;
 
@@ -36,6 +38,12 @@ int32_t llama_turboq_exact_sink();
 // attention's (F16)
 ggml_tensor * llama_turboq_tail_new_mask(ggml_context * ctx, const ggml_tensor * kq_mask);
 
+// the cache's mask as fill_mask writes it into a tensor described by kq_mask_desc (the graph's own
+// may be unallocated, when every layer reads another), in host memory of our own; host_buffer: a
+// host buffer for fill_mask's check
+std::vector<uint8_t> llama_turboq_mask_copy(const ggml_tensor * kq_mask_desc, ggml_backend_buffer_t host_buffer,
+                                            const std::function<void(ggml_tensor *)> & fill_mask);
+
 // fills dst from the ubatch's kq_mask, which fill_mask writes into the tensor it is given (the
 // graph's own may be unallocated, when every layer reads this one), and k_idxs (filled: the cells
 // the ubatch's rows were stored in)
@@ -45,10 +53,10 @@ void llama_turboq_tail_set_mask(ggml_tensor * dst, const ggml_tensor * kq_mask, 
 // whether a layer with this K and V reads the window exact
 bool llama_turboq_tail_layer(const ggml_tensor * k, const ggml_tensor * v);
 
-// a layer's exact rows (ggml-fa-exact.h): the ubatch's K (as the cache takes it before quantization)
-// and V, the tail mask's view over them, and its view over the cache's rows, which the layer reads
-// instead of the cache's own mask
-struct llama_turboq_tail_rows {
+// a layer's exact rows (ggml-fa-exact.h), K as the cache takes it before quantization, their mask,
+// and the mask over the cache's rows that the layer reads instead of the cache's own (these
+// switches' and the exact window's, llama-turboq-window.h)
+struct llama_turboq_exact_rows {
     ggml_tensor * k          = nullptr;
     ggml_tensor * v          = nullptr;
     ggml_tensor * mask       = nullptr;
@@ -56,9 +64,9 @@ struct llama_turboq_tail_rows {
 };
 
 // k_stored [n_embd_head*n_head_kv, n_tokens] (turboq_stored_k), v_cur [n_embd_head, n_head_kv, n_tokens]
-llama_turboq_tail_rows llama_turboq_tail_rows_new(ggml_context * ctx, ggml_tensor * tail_mask,
+llama_turboq_exact_rows llama_turboq_tail_rows_new(ggml_context * ctx, ggml_tensor * tail_mask,
                                                   ggml_tensor * k_stored, ggml_tensor * v_cur);
 
 // gives a flash-attention node, as build_attn_mha makes it, the exact rows; nothing when rows is
 // null (llm_graph_context::turboq_exact)
-void llama_turboq_tail_attach(ggml_tensor * fa, const llama_turboq_tail_rows * rows);
+void llama_turboq_tail_attach(ggml_tensor * fa, const llama_turboq_exact_rows * rows);

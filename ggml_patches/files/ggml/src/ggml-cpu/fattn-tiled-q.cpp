@@ -322,24 +322,58 @@ void run_tile(const attn & a, int64_t g, int64_t r0, int64_t r1, int64_t c0, int
             });
     }
 
-    // the exact rows, once per row (in the first KV chunk), already in attention's domain
+    // the exact rows, once per row (in the first KV chunk), already in attention's domain; only
+    // those that some query of the tile sees, gathered in index order, so that which rows share a
+    // K/V tile (and which lane a row's term lands in) depends on them alone, not on how many
+    // others (another sequence's, say) lie between them
     if (a.ek && isplit == 0) {
         const ggml_tensor * em = a.emask;
         const int64_t ne_x = a.ek->ne[1];
         const int64_t ek3  = a.ek->ne[3] == 1 ? 0 : ik3;
         const float * ekb  = a.Ek + (ek3*a.ek->ne[2] + ik2)*ne_x*DK;
         const float * evb  = a.Ev + (ek3*a.ek->ne[2] + ik2)*ne_x*DV;
-        int64_t first, last;
-        visible_span(em, ne_x, a, g, r0, r1, first, last);
-        for (int64_t ic = first; ic <= last; ic += KT) {
-            const int64_t kv = std::min(KT, last + 1 - ic);
+        const ggml_fp16_t * erow[QT];
+        for (int64_t t = 0; t < n; ++t) {
+            erow[t] = (const ggml_fp16_t *) ((const char *) em->data + iq1[t]*em->nb[1]
+                      + (iq2[t]%em->ne[2])*em->nb[2] + (iq3%em->ne[3])*em->nb[3]);
+        }
+        ggml_fp16_t gathered[QT][KT];
+        int64_t     sel[KT];
+        int64_t     m = 0;
+        const auto flush = [&] {
             for (int64_t t = 0; t < n; ++t) {
-                mr[t] = (const ggml_fp16_t *) ((const char *) em->data + iq1[t]*em->nb[1]
-                        + (iq2[t]%em->ne[2])*em->nb[2] + (iq3%em->ne[3])*em->nb[3]) + ic;
+                for (int64_t z = 0; z < m; ++z) {
+                    gathered[t][z] = erow[t][sel[z]];
+                }
+                mr[t] = gathered[t];
             }
-            step(kv, true,
-                [&] { memcpy(Kd, ekb + ic*DK, kv*DK*sizeof(float)); },
-                [&] { memcpy(Vd, evb + ic*DV, kv*DV*sizeof(float)); });
+            step(m, true,
+                [&] {
+                    for (int64_t z = 0; z < m; ++z) {
+                        memcpy(Kd + z*DK, ekb + sel[z]*DK, DK*sizeof(float));
+                    }
+                },
+                [&] {
+                    for (int64_t z = 0; z < m; ++z) {
+                        memcpy(Vd + z*DV, evb + sel[z]*DV, DV*sizeof(float));
+                    }
+                });
+            m = 0;
+        };
+        for (int64_t j = 0; j < ne_x; ++j) {
+            bool seen = false;
+            for (int64_t t = 0; t < n && !seen; ++t) {
+                seen = GGML_CPU_FP16_TO_FP32(erow[t][j]) != -INFINITY;
+            }
+            if (seen) {
+                sel[m++] = j;
+                if (m == KT) {
+                    flush();
+                }
+            }
+        }
+        if (m > 0) {
+            flush();
         }
     }
 

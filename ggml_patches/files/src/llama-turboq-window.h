@@ -1,0 +1,133 @@
+#pragma once
+
+// Each sequence's most recent positions kept exact beside a quantized KV cache (pyturbo, issue 21).
+//
+// The model setting turboq.exact_window = W (common's --kv-exact-window, whose environment alias is
+// LLAMA_ARG_KV_EXACT_WINDOW; llama-cpp-python's kv_overrides) keeps, for every layer whose K or V is
+// quantized, the rows of each sequence's last cap = W + 16 positions in F16, in a ring beside the
+// cache: slot seq*cap + pos%cap, plus one slot that takes the rows no slot keeps. Every token is
+// still quantized into the cache. A query reads the last W positions of its sequence (itself
+// included) exact, from the ring or from its own ubatch, and the cache's copies of those rows are
+// hidden from it (ggml-fa-exact.h); older positions are read as stored. The 16 extra positions keep
+// a full window after the newest ones are removed again (speculative decoding's rollback;
+// llama-server drafts at most 16 tokens by default).
+//
+// Each layer reads its ring before its ubatch's rows are written into it. Which slot holds which
+// position is host bookkeeping, updated when a ubatch's inputs are set (its graph is about to run),
+// never when a ubatch is only placed on trial. Removing positions drops their rows; shifting them
+// (seq_add, seq_div) drops them too, as their K carries the old rotation, and they are read as
+// stored until the window has moved past them. A token with several sequences keeps its row for
+// the first of them only. Saved state carries the rows after the cache's own, under a mark; a cache
+// without a window writes nothing, so older states stay valid, and a state whose window does not
+// match the cache's is refused.
+//
+// CPU only: a layer whose cache lives on another device is refused, as are models whose tokens
+// share positions (M-RoPE, several positions per token), models with recurrent layers (their
+// attention input is built elsewhere), caches without flash attention and caches that borrow
+// another cache's cells.
+
+#include "llama.h"
+#include "llama-turboq-tail.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+class llama_io_write_i;
+class llama_io_read_i;
+class llama_kv_cells;
+struct llama_model;
+struct llama_ubatch;
+
+// the key ("turboq.exact_window")
+extern "C" const char * llama_turboq_exact_window_key(void);
+
+struct llama_model_loader;
+
+// reads the model's window while it loads: from kv_overrides, else the GGUF, else 0; throws
+// std::runtime_error for a value that is not 0..4096
+void llama_turboq_load_exact_window(const llama_model_loader & ml, llama_model & model);
+
+// whether ctx's caches hold exact rows for positions [n_past - W, n_past) of seq, so that decoding
+// can continue after them as if they had just been processed; true without a window. llama-server
+// asks before it reuses a cached prompt, and processes the prompt again when this is false.
+extern "C" bool llama_turboq_window_can_continue(struct llama_context * ctx, llama_seq_id seq, llama_pos n_past);
+
+// the window's positions of ctx's model (0: none), and the rows kept per sequence for a window of w
+// positions (w + margin: what a cache's bytes count)
+extern "C" int32_t  llama_turboq_exact_window(const struct llama_context * ctx);
+extern "C" uint32_t llama_turboq_exact_window_rows(uint32_t w);
+
+class llama_turboq_window {
+public:
+    static constexpr uint32_t margin = 16;
+
+    // the window of a cache of model (nullptr when the model sets none); throws std::runtime_error
+    // for a cache it cannot serve
+    static std::unique_ptr<llama_turboq_window> make(const llama_model & model, uint32_t n_seq_max, bool v_trans,
+                                                     bool shares_cells);
+
+    llama_turboq_window(uint32_t w, uint32_t n_seq);
+
+    // a layer of the cache (ikv, model layer il): rings in ctx when K or V is quantized; throws
+    // when its cache is not in host memory
+    void add_layer(ggml_context * ctx, uint32_t ikv, int32_t il, ggml_type type_k, ggml_type type_v,
+                   int64_t n_embd_k_gqa, int64_t n_embd_v_gqa, ggml_backend_buffer_type_t buft, const char * name_tag);
+
+    bool     empty()                 const;  // no layer keeps rows
+    bool     has_layer(uint32_t ikv) const;
+    uint32_t w_size()                const { return w; }
+
+    // graph: the masks ([n_kv, n_tps, 1, ns] as kq_mask, then the exact rows' [rows + n_tokens, n_tps,
+    // 1, ns], as one F16 input) and the ring slot of each ubatch row ([n_tokens] I64)
+    ggml_tensor * new_mask(ggml_context * ctx, const ggml_tensor * kq_mask) const;
+    ggml_tensor * new_write_idxs(ggml_context * ctx, int64_t n_tokens) const;
+
+    // a layer's exact rows: the ring (before the ubatch) followed by the ubatch's own rows, k_stored
+    // [n_embd_head_k*n_head_kv, n_tokens] as the cache takes K (turboq_stored_k), v_cur [n_embd_head_v,
+    // n_head_kv, n_tokens]
+    llama_turboq_exact_rows layer_rows(ggml_context * ctx, uint32_t ikv, ggml_tensor * mask, const ggml_tensor * kq_mask,
+                                       int64_t n_embd_head_k, ggml_tensor * k_stored, ggml_tensor * v_cur) const;
+
+    // graph: the ubatch's rows into the layer's rings, once its attention has read them
+    ggml_tensor * write_k(ggml_context * ctx, uint32_t ikv, ggml_tensor * k_stored, ggml_tensor * idxs) const;
+    ggml_tensor * write_v(ggml_context * ctx, uint32_t ikv, ggml_tensor * v_cur, ggml_tensor * idxs) const;
+
+    // fills the inputs for ubatch and records the rows that its graph writes; fill_mask fills the
+    // tensor it is given as the cache's kq_mask; v_cells, seq_to_stream: the cache's
+    void set_input(ggml_tensor * mask, ggml_tensor * idxs, const ggml_tensor * kq_mask,
+                   const std::function<void(ggml_tensor *)> & fill_mask, const llama_ubatch * ubatch,
+                   const std::vector<llama_kv_cells> & v_cells, const std::vector<uint32_t> & seq_to_stream);
+
+    // the cache's sequence operations (seq < 0: every sequence; p1 < 0: to the end)
+    void clear();
+    void seq_rm     (llama_seq_id seq, llama_pos p0, llama_pos p1);
+    void seq_cp     (llama_seq_id src, llama_seq_id dst, llama_pos p0, llama_pos p1);
+    void seq_keep   (llama_seq_id seq);
+    void seq_shifted(llama_seq_id seq, llama_pos p0, llama_pos p1);
+
+    bool can_continue(llama_seq_id seq, llama_pos n_past) const;
+
+    // after the cache's own state (seq < 0: every sequence); state_read throws on a mismatch
+    void state_write(llama_io_write_i & io, llama_seq_id seq) const;
+    void state_read (llama_io_read_i  & io, llama_seq_id seq);
+
+private:
+    uint32_t w;
+    uint32_t cap;
+    uint32_t n_seq;
+
+    uint32_t rows() const { return n_seq*cap + 1; }
+    uint32_t trash() const { return n_seq*cap; }
+    uint32_t slot(llama_seq_id seq, llama_pos pos) const { return (uint32_t) seq*cap + (uint32_t) pos % cap; }
+
+    std::vector<ggml_tensor *> k;  // by the cache's layer: F16 [n_embd_k_gqa, rows()], nullptr without rows
+    std::vector<ggml_tensor *> v;
+    std::vector<llama_pos> held;   // [n_seq*cap]: the position a slot holds, -1 for none
+
+    void copy_row(ggml_tensor * t, uint32_t from, uint32_t to) const;
+};

@@ -1,0 +1,134 @@
+"""The exact window (--kv-exact-window W, llama-turboq-window.h): each sequence's last W positions
+read exact from F16 rows kept beside a quantized cache, in llama.cpp's tools, pyturbo.Llama and
+the server; the same answer however the tokens arrive, and a clear error where it cannot run."""
+from __future__ import annotations
+
+import pytest
+
+from pyturbo import data
+from pyturbo.tools import llama_perplexity as perplexity, run_tool
+from helpers import free_port, post, server_cmd, start, stop, wait_healthy
+
+
+def window(w: int) -> tuple[str, ...]:
+    return ("--kv-exact-window", str(w))
+
+
+def test_one_ubatch_reads_what_the_debug_tail_reads(build_info, short_text, tmp_path):
+    """With each chunk in one ubatch, every window lies in the ubatch at hand, so the window reads
+    the rows that TURBOQ_EXACT_TAIL reads, in the same order: the same bits. The window must also
+    earn what the tail measured (issue 21): turboq3's KLD well down."""
+    gemma = data.default_model()
+    base = tmp_path / "f16.kld"
+    perplexity(gemma, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
+    plain = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=3, kld_base=base)
+    tail = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=3, kld_base=base, env={"TURBOQ_EXACT_TAIL": "16"})
+    win = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=3, kld_base=base, extra=window(16))
+    assert (win.ppl, win.kld, win.kld_p999) == (tail.ppl, tail.kld, tail.kld_p999)
+    assert win.kld <= 0.5 * plain.kld, (win.kld, plain.kld)
+
+
+@pytest.mark.parametrize("ubatch", ["7", "1"])
+def test_the_window_crosses_ubatches(tiny128, short_text, ubatch):
+    """Tokens in ubatches of 7, or one at a time, read the rows of earlier ubatches from the ring:
+    the tiny llama (unquantized weights, so no 8-bit activations amplify the rounding) gives the
+    perplexity of one ubatch per chunk to 6 digits, and not that of the cache without a window.
+    Measured: 395.3971 for every ubatch size, 397.1750 without the window."""
+    one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=window(16))
+    split = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*window(16), "-ub", ubatch))
+    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=("-ub", ubatch))
+    assert split.ppl == pytest.approx(one.ppl, rel=1e-6)
+    assert abs(plain.ppl - one.ppl) > 1e-3 * one.ppl
+
+
+def test_a_window_over_the_whole_chunk_is_the_f16_cache(tiny128, short_text, tmp_path):
+    """W = ctx in ubatches of 64: every row any query reads is exact, from the ring or its ubatch,
+    so the tiny llama's logits are the f16 cache's: a ring row lost, read twice, or its stored copy
+    left visible moves them by far more."""
+    base = tmp_path / "f16.kld"
+    ref = perplexity(tiny128, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
+    got = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, kld_base=base,
+                     env={"TURBOQ_K_CENTER": "0"}, extra=(*window(256), "-ub", "64"))
+    assert got.ppl == pytest.approx(ref.ppl, rel=1e-5)
+    assert got.kld is not None and abs(got.kld) < 1e-6 and got.same_top == 100.0
+
+
+def test_the_window_needs_flash_attention_and_says_so(tiny128, short_text):
+    r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "256", "-ctk", "q8_0", "-fa", "off",
+                 *window(16), check=False)
+    assert r.returncode != 0
+    assert "turboq.exact_window=16: the exact window needs flash attention (-fa on)" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("bad", ["-1", "4097", "x"])
+def test_a_bad_window_is_refused_by_the_tools_and_python(Llama, tiny128, short_text, bad):
+    r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "256", *window(0)[:1], bad,
+                 check=False)
+    assert r.returncode != 0 and "is not an exact window" in r.stdout + r.stderr
+    with pytest.raises(ValueError, match="exact window"):
+        Llama(str(tiny128), cache_type_k="turboq3", cache_type_v="turboq3", kv_exact_window=int(bad) if bad != "x" else bad,
+              verbose=False)
+
+
+def test_the_server_answers_the_same_with_a_window(build_info):
+    """Two slots, a window of 16, greedy answers longer than the window's 16-row margin: a re-asked
+    prompt finds its window gone from the slot (the answer pushed it out), so the server processes
+    it again (and says so) rather than read those rows as stored, and every answer to the same
+    prompt is the same."""
+    port = free_port()
+    proc = start(server_cmd("llama-server", port, "-ctk", "turboq3", "-ctv", "turboq3", "--n-ctx", "512",
+                            "--parallel", "2", "--kv-exact-window", "16"))
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+        prompts = ["The old man and the sea: once upon a time", "Counting: 1, 2, 3,"] * 3
+        answers: dict[str, set[str]] = {}
+        for p in prompts:
+            status, body = post(f"http://127.0.0.1:{port}/v1/completions", {"prompt": p, "max_tokens": 40, "temperature": 0})
+            assert status == 200, body
+            answers.setdefault(p, set()).add(body["choices"][0]["text"])
+    finally:
+        log = stop(proc)
+    assert all(len(a) == 1 and next(iter(a)).strip() for a in answers.values()), answers
+    assert "the exact window does not hold the 16 positions before" in log
+
+
+def test_server_flag_is_checked(build_info):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "server", "--kv-exact-window", "-2"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and "--kv-exact-window: exact window -2" in r.stderr
+
+
+def test_sequence_operations_keep_the_window_right(Llama, tiny128, short_text):
+    """Rolling back up to 16 positions (the margin) and processing them again gives the first
+    pass's bits, and the cache says it can continue; rolling back more cannot be continued as if
+    fresh (the rows before it are gone from the ring), and says so. A context shift, a copied
+    sequence and a kept one still give finite logits."""
+    import ctypes
+
+    import numpy as np
+
+    from pyturbo._paths import library
+
+    can_continue = library("llama").llama_turboq_window_can_continue
+    can_continue.restype = ctypes.c_bool
+    can_continue.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
+
+    llm = Llama(str(tiny128), cache_type_k="turboq3", cache_type_v="turboq2", kv_exact_window=8, n_ctx=256,
+                n_batch=256, n_seq_max=2, flash_attn=True, verbose=False, logits_all=True)
+    toks = llm.tokenize(short_text.read_text()[:2000].encode())[:60]
+    llm.eval(toks)
+    first = llm.scores[59].copy()
+    assert can_continue(llm._ctx.ctx, 0, 44) and not can_continue(llm._ctx.ctx, 0, 40)
+    llm.n_tokens = 44  # eval removes positions 44.. first
+    llm.eval(toks[44:])
+    np.testing.assert_array_equal(llm.scores[59], first)
+
+    llm._ctx.kv_cache_seq_cp(0, 1, -1, -1)
+    llm._ctx.kv_cache_seq_rm(0, 10, 30)
+    llm._ctx.kv_cache_seq_shift(0, 30, -1, -20)
+    llm._ctx.kv_cache_seq_keep(0)
+    llm.n_tokens = 40
+    llm.eval(toks[:8])
+    assert np.isfinite(llm.scores[47]).all()
