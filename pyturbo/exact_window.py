@@ -38,6 +38,15 @@ def rows_per_sequence(w: int) -> int:
     return int(fn(w))
 
 
+def can_continue(ctx: int, seq: int, n_past: int) -> bool:
+    """Whether the context's caches hold exact rows for the window's positions before n_past of
+    seq, so that decoding can go on after them as after a fresh pass (true without a window)."""
+    fn = library("llama").llama_turboq_window_can_continue
+    fn.restype = C.c_bool
+    fn.argtypes = [C.c_void_p, C.c_int32, C.c_int32]
+    return bool(fn(ctx, seq, n_past))
+
+
 def check(w: int) -> int:
     if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= MAX:
         raise ValueError(f"exact window {w!r}: a number of positions, 0 (off) to {MAX}")

@@ -119,8 +119,8 @@ class Llama(llama_cpp.Llama):
         policy = _la.policies().get(layer_adaptive or 0)
         la_turboq = policy is not None and any(t in TURBOQ_TYPES for t in (policy.k_boundary, policy.v_boundary, policy.v_other))
         wants_turboq = kwargs.get("type_k") in turboq_ids or kwargs.get("type_v") in turboq_ids or la_turboq
-        if wants_turboq:
-            kwargs.setdefault("flash_attn", True)
+        if wants_turboq or kv_exact_window:
+            kwargs.setdefault("flash_attn", True)  # both need it
         self.cache_type_k = tk.name if tk else None
         self.cache_type_v = tv.name if tv else None
         self.layer_adaptive = layer_adaptive or 0
@@ -133,6 +133,13 @@ class Llama(llama_cpp.Llama):
         verbose = kwargs.get("verbose", True)
         with creating_context(verbose=verbose):
             super().__init__(model_path, *args, **kwargs)
+
+    def eval(self, tokens: Any) -> None:
+        """llama_cpp.Llama.eval; with an exact window, a prefix that llama-cpp-python reuses is
+        processed again when the window no longer holds its last positions (an answer longer than
+        the window's margin pushed them out), so that the tokens after it read them exact, as a
+        fresh context would, and get the same logits."""
+        super().eval(window_tokens(self, tokens) if self.kv_exact_window else tokens)
 
     def save_state(self) -> llama_cpp.LlamaState:
         """llama_cpp.Llama.save_state, plus a SHA-256 of the state bytes that load_state checks:
@@ -176,6 +183,15 @@ class Llama(llama_cpp.Llama):
         # llama_cpp.Llama.__del__ assumes __init__ got far enough to set up its resources
         if hasattr(self, "_stack"):
             super().__del__()
+
+
+def window_tokens(llm: llama_cpp.Llama, tokens: Any) -> Any:
+    """The tokens to evaluate after llm's n_tokens: these, or, when the exact window no longer
+    holds the positions before n_tokens, the whole prefix again (n_tokens reset to 0)."""
+    if llm.n_tokens > 0 and not _ew.can_continue(llm._ctx.ctx, 0, llm.n_tokens):
+        tokens = [*llm.input_ids[: llm.n_tokens].tolist(), *tokens]
+        llm.n_tokens = 0
+    return tokens
 
 
 def _type_names(text: str) -> str:

@@ -28,9 +28,11 @@ def test_one_ubatch_reads_what_the_debug_tail_reads(build_info, short_text, tmp_
     assert win.kld <= 0.5 * plain.kld, (win.kld, plain.kld)
 
 
-@pytest.mark.parametrize("ubatch", ["7", "1"])
+@pytest.mark.parametrize("ubatch", ["64", "7", "1"])
 def test_the_window_crosses_ubatches(tiny128, short_text, ubatch):
-    """Tokens in ubatches of 7, or one at a time, read the rows of earlier ubatches from the ring:
+    """Tokens in ubatches of 64 (more than the ring's 32 slots: each layer must read the ring
+    before its ubatch's rows overwrite it), of 7, or one at a time, read the rows of earlier
+    ubatches from the ring:
     the tiny llama (unquantized weights, so no 8-bit activations amplify the rounding) gives the
     perplexity of one ubatch per chunk to 6 digits, and not that of the cache without a window.
     Measured: 395.3971 for every ubatch size, 397.1750 without the window."""
@@ -102,7 +104,8 @@ def test_server_flag_is_checked(build_info):
 
 def test_sequence_operations_keep_the_window_right(Llama, tiny128, short_text):
     """Rolling back up to 16 positions (the margin) and processing them again gives the first
-    pass's bits, and the cache says it can continue; rolling back more cannot be continued as if
+    pass's bits (also where the window's rows wrap around the ring), and the cache says it can
+    continue; rolling back more cannot be continued as if
     fresh (the rows before it are gone from the ring), and says so. A context shift, a copied
     sequence and a kept one still give finite logits."""
     import ctypes
@@ -124,6 +127,11 @@ def test_sequence_operations_keep_the_window_right(Llama, tiny128, short_text):
     llm.n_tokens = 44  # eval removes positions 44.. first
     llm.eval(toks[44:])
     np.testing.assert_array_equal(llm.scores[59], first)
+    # positions 42..49 lie across the ring's wrap (slot 48 % 24 = 0): read in position order, as
+    # the one-ubatch pass read them, they give the same bits
+    llm.n_tokens = 50
+    llm.eval(toks[50:])
+    np.testing.assert_array_equal(llm.scores[59], first)
 
     llm._ctx.kv_cache_seq_cp(0, 1, -1, -1)
     llm._ctx.kv_cache_seq_rm(0, 10, 30)
@@ -132,3 +140,48 @@ def test_sequence_operations_keep_the_window_right(Llama, tiny128, short_text):
     llm.n_tokens = 40
     llm.eval(toks[:8])
     assert np.isfinite(llm.scores[47]).all()
+
+
+@pytest.mark.parametrize("layout", [("-b", "512"), ("-b", "512", "--kv-unified")])
+def test_several_sequences_keep_their_own_windows(tiny128, short_text, layout):
+    """Two chunks decoded side by side, in a cache per sequence or in one shared cache: each
+    sequence reads its own window, so the perplexity is that of one chunk at a time. K centering
+    is off: a shared cache's sequences span its 512 cells, which its K mean is fitted to."""
+    uncentered = {"TURBOQ_K_CENTER": "0"}
+    one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=4, env=uncentered,
+                     extra=(*window(16), "-ub", "64"))
+    two = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=4, env=uncentered,
+                     extra=(*window(16), "-ub", "64", *layout))
+    assert two.ppl == pytest.approx(one.ppl, rel=1e-6)
+
+
+def test_python_reprocesses_a_prefix_whose_window_is_gone(Llama, tiny128, monkeypatch):
+    """llama-cpp-python reuses the prompt a second completion shares with the first; with the
+    window pushed past it by the first answer, pyturbo.Llama evaluates the whole prompt again (a
+    fresh pass's rows), and both completions are the same."""
+    import llama_cpp
+
+    llm = Llama(str(tiny128), cache_type_k="turboq3", cache_type_v="turboq2", kv_exact_window=8, n_ctx=256,
+                verbose=False, seed=1)
+    prompt = "The old man looked at the sea and said"
+    first = llm.create_completion(prompt, max_tokens=32, temperature=0)["choices"][0]["text"]
+    calls: list[int] = []
+    upstream = llama_cpp.Llama.eval
+    monkeypatch.setattr(llama_cpp.Llama, "eval", lambda self, tokens: (calls.append(len(tokens)), upstream(self, tokens))[1])
+    again = llm.create_completion(prompt, max_tokens=32, temperature=0)["choices"][0]["text"]
+    assert again == first
+    assert calls[0] >= len(llm.tokenize(prompt.encode())), calls[:3]
+
+
+def test_the_window_counts_its_bytes(build_info):
+    from pyturbo import exact_window
+    from pyturbo.bench.cpu import config_bpw, parse_config
+    from pyturbo.memory import kv_bytes
+
+    assert exact_window.rows_per_sequence(16) == 32 and exact_window.rows_per_sequence(0) == 0
+    env = parse_config("turboq3:win16")[3]
+    assert config_bpw(18, "turboq3", "turboq3", env, 8192) == pytest.approx(3.125 + 16 * 32 / 8192)
+    assert config_bpw(18, "f16", "f16", env, 8192) == 16  # nothing quantized: no window
+    gemma = data.default_model()
+    extra = kv_bytes(gemma, 4096, "turboq3", "turboq3", exact_window=16) - kv_bytes(gemma, 4096, "turboq3", "turboq3")
+    assert extra == 18 * (32 + 1) * 1 * (256 + 256) * 2  # 18 layers, 1 KV head of 256, K and V in F16

@@ -133,14 +133,16 @@ def _check_memory(model: str, args: argparse.Namespace) -> None:
         if args.engine == "llama-server":
             unified = kv_unified(args.extra, args.embeddings)
             kv = kv_bytes(model, args.n_ctx * args.parallel, args.cache_type_k, args.cache_type_v, args.layer_adaptive,
-                          n_seq=args.parallel, n_stream=1 if unified else args.parallel, upper_bound=True)
+                          n_seq=args.parallel, n_stream=1 if unified else args.parallel, upper_bound=True,
+                          exact_window=args.kv_exact_window)
         else:  # llama-cpp-python keeps every sliding-window cell (swa_full)
             kv = kv_bytes(model, args.n_ctx, args.cache_type_k, args.cache_type_v, args.layer_adaptive,
-                          swa_full=True, upper_bound=True)
+                          swa_full=True, upper_bound=True, exact_window=args.kv_exact_window)
         if args.draft_model:  # the draft model has a context of the same size, with its own cache types
             kv += kv_bytes(args.draft_model, args.n_ctx * args.parallel, args.cache_type_k_draft,
                            args.cache_type_v_draft, args.layer_adaptive, n_seq=args.parallel,
-                           n_stream=1 if unified else args.parallel, upper_bound=True)
+                           n_stream=1 if unified else args.parallel, upper_bound=True,
+                           exact_window=args.kv_exact_window)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return  # an architecture kv_bytes does not know: llama.cpp decides
     weights = Path(model).stat().st_size + (Path(args.draft_model).stat().st_size if args.draft_model else 0)

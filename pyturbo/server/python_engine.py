@@ -47,6 +47,9 @@ def _load_model(settings: ModelSettings):
                                                             f"{wk}=int:{wv}"]})
     with pl.creating_context(verbose=settings.verbose):
         llm = _load_upstream(settings)
+    if wv:  # a reused prompt prefix is processed again where the window no longer holds its end
+        upstream_eval = llm.eval
+        llm.eval = lambda tokens: upstream_eval(pl.window_tokens(llm, tokens))
     path = getattr(settings, "chat_template_file", None)
     if path:
         bos = llm._model.token_get_text(llm.token_bos()) if llm.token_bos() >= 0 else ""

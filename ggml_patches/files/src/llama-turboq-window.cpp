@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <limits>
+#include <tuple>
 #include <unordered_map>
 
 const char * llama_turboq_exact_window_key(void) {
@@ -58,6 +59,10 @@ std::unique_ptr<llama_turboq_window> llama_turboq_window::make(const llama_model
     if (llm_arch_is_hybrid(model.arch) || llm_arch_is_recurrent(model.arch)) {
         throw std::runtime_error(key + "=" + std::to_string(w) + ": not for models with recurrent layers, whose "
                                  "attention layers do not read the exact window yet");
+    }
+    if (model.hparams.is_mla()) {
+        throw std::runtime_error(key + "=" + std::to_string(w) + ": not for MLA models, whose attention reads V "
+                                 "through K's latent rows");
     }
     if (model.hparams.n_pos_per_embd() > 1) {
         throw std::runtime_error(key + "=" + std::to_string(w) + ": this model's tokens share positions (M-RoPE), "
@@ -105,7 +110,14 @@ bool llama_turboq_window::has_layer(uint32_t ikv) const {
 
 ggml_tensor * llama_turboq_window::new_mask(ggml_context * ctx, const ggml_tensor * kq_mask) const {
     if (kq_mask == nullptr || kq_mask->type != GGML_TYPE_F16) {
-        return nullptr;  // not flash attention's mask: make() refused that cache already
+        // flash attention turned off after the cache was made (-fa auto): the rows are read as stored
+        static bool warned = false;
+        if (!warned) {
+            warned = true;
+            LLAMA_LOG_WARN("%s: %s=%u: flash attention is off, so the exact window is not read (-fa on)\n", __func__,
+                           llama_turboq_exact_window_key(), w);
+        }
+        return nullptr;
     }
     const int64_t n_kv = kq_mask->ne[0], n_tps = kq_mask->ne[1], ns = kq_mask->ne[3];
     const int64_t n_exact = rows() + n_tps*ns;
@@ -122,9 +134,17 @@ ggml_tensor * llama_turboq_window::new_write_idxs(ggml_context * ctx, int64_t n_
     return res;
 }
 
+ggml_tensor * llama_turboq_window::new_order(ggml_context * ctx) const {
+    ggml_tensor * res = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, rows());
+    ggml_set_input(res);
+    ggml_set_name(res, "attn_inp_turboq_window_order");
+    return res;
+}
+
 llama_turboq_exact_rows llama_turboq_window::layer_rows(ggml_context * ctx, uint32_t ikv, ggml_tensor * mask,
-                                                        const ggml_tensor * kq_mask, int64_t n_embd_head_k,
-                                                        ggml_tensor * k_stored, ggml_tensor * v_cur) const {
+                                                        const ggml_tensor * kq_mask, ggml_tensor * order,
+                                                        int64_t n_embd_head_k, ggml_tensor * k_stored,
+                                                        ggml_tensor * v_cur) const {
     const int64_t n_kv = kq_mask->ne[0], n_tps = kq_mask->ne[1], ns = kq_mask->ne[3];
     const int64_t n_tokens = n_tps*ns;
     const int64_t n_exact  = rows() + n_tokens;
@@ -132,15 +152,18 @@ llama_turboq_exact_rows llama_turboq_window::layer_rows(ggml_context * ctx, uint
     const size_t  es       = ggml_element_size(mask);
     GGML_ASSERT(k_stored->ne[1] == n_tokens && ggml_nelements(mask) == (n_kv + n_exact)*n_tokens);
 
+    // the ring's rows in position order (order), so that a window reads its rows in the same order
+    // whether they come from the ring or from the ubatch, and gives the same bits either way; as F32
+    // (get_rows' output), which the attention rounds through F16 as the ring holds them
     llama_turboq_exact_rows r;
-    ggml_tensor * rk = ggml_view_3d(ctx, k[ikv], n_embd_head_k, n_head, rows(), n_embd_head_k*ggml_element_size(k[ikv]), k[ikv]->nb[1], 0);
-    ggml_tensor * ck = ggml_reshape_3d(ctx, ggml_cast(ctx, k_stored, GGML_TYPE_F16), n_embd_head_k, n_head, n_tokens);
+    const auto cont = [&](ggml_tensor * t) { return ggml_is_contiguous(t) ? t : ggml_cont(ctx, t); };
+    ggml_tensor * rk = ggml_reshape_3d(ctx, ggml_get_rows(ctx, k[ikv], order), n_embd_head_k, n_head, rows());
+    ggml_tensor * ck = ggml_reshape_3d(ctx, cont(k_stored), n_embd_head_k, n_head, n_tokens);
     r.k = ggml_permute(ctx, ggml_concat(ctx, rk, ck, 2), 0, 2, 1, 3);
 
     const int64_t n_embd_head_v = v_cur->ne[0];
-    ggml_tensor * rv = ggml_view_3d(ctx, v[ikv], n_embd_head_v, n_head, rows(), n_embd_head_v*ggml_element_size(v[ikv]), v[ikv]->nb[1], 0);
-    ggml_tensor * cv = ggml_cast(ctx, v_cur, GGML_TYPE_F16);
-    r.v = ggml_permute(ctx, ggml_concat(ctx, rv, cv, 2), 0, 2, 1, 3);
+    ggml_tensor * rv = ggml_reshape_3d(ctx, ggml_get_rows(ctx, v[ikv], order), n_embd_head_v, n_head, rows());
+    r.v = ggml_permute(ctx, ggml_concat(ctx, rv, cont(v_cur), 2), 0, 2, 1, 3);
 
     r.cache_mask = ggml_view_4d(ctx, mask, n_kv, n_tps, 1, ns, n_kv*es, n_kv*n_tps*es, n_kv*n_tps*es, 0);
     r.mask       = ggml_view_4d(ctx, mask, n_exact, n_tps, 1, ns, n_exact*es, n_exact*n_tps*es, n_exact*n_tps*es,
@@ -159,10 +182,11 @@ ggml_tensor * llama_turboq_window::write_v(ggml_context * ctx, uint32_t ikv, ggm
     return ggml_set_rows(ctx, v[ikv], rows_v, idxs);
 }
 
-void llama_turboq_window::set_input(ggml_tensor * mask, ggml_tensor * idxs, const ggml_tensor * kq_mask_desc,
+void llama_turboq_window::set_input(ggml_tensor * mask, ggml_tensor * idxs, ggml_tensor * order, const ggml_tensor * kq_mask_desc,
                                     const std::function<void(ggml_tensor *)> & fill_mask, const llama_ubatch * ubatch,
                                     const std::vector<llama_kv_cells> & v_cells, const std::vector<uint32_t> & seq_to_stream) {
-    GGML_ASSERT(ggml_backend_buffer_is_host(mask->buffer) && ggml_backend_buffer_is_host(idxs->buffer));
+    GGML_ASSERT(ggml_backend_buffer_is_host(mask->buffer) && ggml_backend_buffer_is_host(idxs->buffer) &&
+                ggml_backend_buffer_is_host(order->buffer) && order->ne[0] == rows());
     GGML_ASSERT(mask->type == GGML_TYPE_F16 && kq_mask_desc->type == GGML_TYPE_F16 && ggml_is_contiguous(kq_mask_desc));
 
     const std::vector<uint8_t> scratch = llama_turboq_mask_copy(kq_mask_desc, mask->buffer, fill_mask);
@@ -178,6 +202,22 @@ void llama_turboq_window::set_input(ggml_tensor * mask, ggml_tensor * idxs, cons
     const ggml_fp16_t drop = ggml_fp32_to_fp16(-INFINITY);
     std::memcpy(cache_mask, kq, n_kv*n_tokens*sizeof(ggml_fp16_t));
     std::fill(exact_mask, exact_mask + n_exact*n_tokens, drop);
+
+    // the ring's slots as the graph reads them: the held ones by sequence and position, then the rest
+    std::vector<uint32_t> slots(rows());
+    for (uint32_t sl = 0; sl < rows(); ++sl) {
+        slots[sl] = sl;
+    }
+    const auto key_of = [&](uint32_t sl) {
+        return sl < trash() && held[sl] >= 0 ? std::make_tuple(0, sl/cap, (int64_t) held[sl]) : std::make_tuple(1, sl, (int64_t) 0);
+    };
+    std::sort(slots.begin(), slots.end(), [&](uint32_t a, uint32_t b) { return key_of(a) < key_of(b); });
+    std::vector<int64_t> row_of(rows());
+    int32_t * ord = (int32_t *) order->data;
+    for (uint32_t i = 0; i < rows(); ++i) {
+        ord[i] = (int32_t) slots[i];
+        row_of[slots[i]] = i;
+    }
 
     // the ubatch's own rows, by (sequence, position)
     const auto key = [](llama_seq_id s, llama_pos p) { return ((uint64_t) (uint32_t) s << 32) | (uint32_t) p; };
@@ -208,7 +248,14 @@ void llama_turboq_window::set_input(ggml_tensor * mask, ggml_tensor * idxs, cons
             if (const auto it = in_ubatch.find(key(seq, q)); it != in_ubatch.end()) {
                 e = rows() + it->second;
             } else if ((uint32_t) seq < n_seq && held[slot(seq, q)] == q) {
-                e = slot(seq, q);
+                e = row_of[slot(seq, q)];
+            } else {
+                // a token of several sequences keeps its row under the first of them: the cell's
+                for (uint32_t s = 0; s < n_seq && e < 0; ++s) {
+                    if (cells.seq_has(c, (llama_seq_id) s) && held[slot(s, q)] == q) {
+                        e = row_of[slot(s, q)];
+                    }
+                }
             }
             if (e >= 0) {
                 erow[e] = crow[c];
@@ -269,10 +316,13 @@ void llama_turboq_window::copy_row(ggml_tensor * t, uint32_t from, uint32_t to) 
     ggml_backend_tensor_set(t, row.data(), to*t->nb[1], t->nb[1]);
 }
 
-void llama_turboq_window::seq_cp(llama_seq_id src, llama_seq_id dst, llama_pos p0, llama_pos p1) {
+void llama_turboq_window::seq_cp(llama_seq_id src, llama_seq_id dst, llama_pos p0, llama_pos p1, bool dst_emptied) {
     if (src == dst || src < 0 || dst < 0 || (uint32_t) src >= n_seq || (uint32_t) dst >= n_seq) {
         return;
     }
+    // dst's old rows at the copied positions (or all of them, when its cells were emptied) are
+    // another text's: a slot that src does not hold must not keep them
+    seq_rm(dst, dst_emptied ? -1 : p0, dst_emptied ? -1 : p1);
     if (p0 < 0) {
         p0 = 0;
     }

@@ -83,15 +83,18 @@ public:
     uint32_t w_size()                const { return w; }
 
     // graph: the masks ([n_kv, n_tps, 1, ns] as kq_mask, then the exact rows' [rows + n_tokens, n_tps,
-    // 1, ns], as one F16 input) and the ring slot of each ubatch row ([n_tokens] I64)
+    // 1, ns], as one F16 input), the ring slot of each ubatch row ([n_tokens] I64), and the order in
+    // which the ring's slots are read ([rows] I32)
     ggml_tensor * new_mask(ggml_context * ctx, const ggml_tensor * kq_mask) const;
     ggml_tensor * new_write_idxs(ggml_context * ctx, int64_t n_tokens) const;
+    ggml_tensor * new_order(ggml_context * ctx) const;
 
-    // a layer's exact rows: the ring (before the ubatch) followed by the ubatch's own rows, k_stored
-    // [n_embd_head_k*n_head_kv, n_tokens] as the cache takes K (turboq_stored_k), v_cur [n_embd_head_v,
-    // n_head_kv, n_tokens]
+    // a layer's exact rows: the ring as it was before the ubatch, its held rows by sequence and
+    // position, followed by the ubatch's own rows; k_stored [n_embd_head_k*n_head_kv, n_tokens] as
+    // the cache takes K (turboq_stored_k), v_cur [n_embd_head_v, n_head_kv, n_tokens]
     llama_turboq_exact_rows layer_rows(ggml_context * ctx, uint32_t ikv, ggml_tensor * mask, const ggml_tensor * kq_mask,
-                                       int64_t n_embd_head_k, ggml_tensor * k_stored, ggml_tensor * v_cur) const;
+                                       ggml_tensor * order, int64_t n_embd_head_k, ggml_tensor * k_stored,
+                                       ggml_tensor * v_cur) const;
 
     // graph: the ubatch's rows into the layer's rings, once its attention has read them
     ggml_tensor * write_k(ggml_context * ctx, uint32_t ikv, ggml_tensor * k_stored, ggml_tensor * idxs) const;
@@ -99,14 +102,14 @@ public:
 
     // fills the inputs for ubatch and records the rows that its graph writes; fill_mask fills the
     // tensor it is given as the cache's kq_mask; v_cells, seq_to_stream: the cache's
-    void set_input(ggml_tensor * mask, ggml_tensor * idxs, const ggml_tensor * kq_mask,
+    void set_input(ggml_tensor * mask, ggml_tensor * idxs, ggml_tensor * order, const ggml_tensor * kq_mask,
                    const std::function<void(ggml_tensor *)> & fill_mask, const llama_ubatch * ubatch,
                    const std::vector<llama_kv_cells> & v_cells, const std::vector<uint32_t> & seq_to_stream);
 
     // the cache's sequence operations (seq < 0: every sequence; p1 < 0: to the end)
     void clear();
     void seq_rm     (llama_seq_id seq, llama_pos p0, llama_pos p1);
-    void seq_cp     (llama_seq_id src, llama_seq_id dst, llama_pos p0, llama_pos p1);
+    void seq_cp     (llama_seq_id src, llama_seq_id dst, llama_pos p0, llama_pos p1, bool dst_emptied);
     void seq_keep   (llama_seq_id seq);
     void seq_shifted(llama_seq_id seq, llama_pos p0, llama_pos p1);
 
