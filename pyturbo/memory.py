@@ -76,7 +76,7 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     """
     if exact_window:
         return kv_bytes(model, n_ctx, cache_type_k, cache_type_v, layer_adaptive, n_seq, n_ubatch, swa_full,
-                        n_stream, upper_bound) + _window_bytes(model, cache_type_k, cache_type_v, layer_adaptive,
+                        n_stream, upper_bound) + window_bytes(model, cache_type_k, cache_type_v, layer_adaptive,
                                                                n_seq, exact_window)
     if n_stream > 1:
         return n_stream * kv_bytes(model, n_ctx // n_stream, cache_type_k, cache_type_v, layer_adaptive,
@@ -107,7 +107,7 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     return total
 
 
-def _window_bytes(model: str | Path, cache_type_k: str, cache_type_v: str, layer_adaptive: int, n_seq: int,
+def window_bytes(model: str | Path, cache_type_k: str, cache_type_v: str, layer_adaptive: int, n_seq: int,
                   w: int) -> int:
     """The exact window's F16 rows (llama-turboq-window.h) in the layers that keep them. For the
     modes that rank layers by K gain, their boundary types are quantized as well (q8_0), so

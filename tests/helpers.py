@@ -2,6 +2,7 @@
 servers, KL of logit rows, codec input groups, attention masks."""
 from __future__ import annotations
 
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,6 +18,18 @@ from pyturbo.bench.local_server import free_port, post_json  # noqa: F401 (for t
 ROOT = Path(__file__).resolve().parent.parent
 D = 128  # values per turboq group
 ENGINES = ["llama-server", "python"]
+
+
+def _main_job() -> tuple[str, ...]:
+    """The cache flags that scripts/serve.sh gives `python -m server` (the main job's one definition)."""
+    line = next(ln for ln in (ROOT / "scripts" / "serve.sh").read_text().splitlines()
+                if ln.startswith("exec python3 -m server "))
+    argv = shlex.split(line)[4:]
+    keep = ("--cache-type-k", "--cache-type-v", "--layer-adaptive", "--kv-exact-window")
+    return tuple(a for i, a in enumerate(argv) if a in keep or (i and argv[i - 1] in keep))
+
+
+MAIN_JOB = _main_job()
 
 
 # ---- servers (`python -m server`) ----

@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 
 from pyturbo import data
-from helpers import free_port, k_records, post, server_cmd, start, stop, wait_healthy
+from helpers import MAIN_JOB, free_port, k_records, post, server_cmd, start, stop, wait_healthy
 
 QUESTION = "The capital of France is"
 OTHERS = ["Ever since I was a child,", "1, 2, 3, 4, 5,", "The recipe calls for"]
-MAIN_JOB = ("-ctk", "turboq3", "-ctv", "turboq4", "--layer-adaptive", "3")
 CACHES = {"f16": ("-ctk", "f16", "-ctv", "f16"), "q8_0": ("-ctk", "q8_0", "-ctv", "q8_0"),
           "turboq3": ("-ctk", "turboq3", "-ctv", "turboq3"), "main job": MAIN_JOB}
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from helpers import free_port, server_cmd, start, stop, wait_healthy
+from helpers import MAIN_JOB, free_port, server_cmd, start, stop, wait_healthy
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
@@ -22,7 +22,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def server(build_info):
     port = free_port()
-    proc = start(server_cmd("llama-server", port, "-ctk", "turboq3", "-ctv", "turboq4", "--layer-adaptive", "3",
+    proc = start(server_cmd("llama-server", port, *MAIN_JOB,
                             "--n-ctx", "1024", "--parallel", "2", "--embeddings"))
     url = f"http://127.0.0.1:{port}"
     try:

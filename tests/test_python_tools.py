@@ -106,10 +106,21 @@ def test_bench_quick_writes_table_and_plot(tmp_path, gemma):
 def test_bench_quality_writes_table_and_kld_per_bit_plot(tmp_path, gemma):
     png = tmp_path / "q.png"
     r = run_cli("bench", "quality", "--ctx", "256", "--chunks", "2", "--threads", "2", "--plot", str(png),
-                "--types", "q8_0", "q4_0", "turboq4", "turboq3/turboq4:3")
+                "--types", "q8_0", "q4_0", "turboq4", "turboq3/turboq4:3", "turboq3:win8")
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
-    assert [row.split(" | ")[0] for row in rows[1:]] == ["| f16", "| q8_0", "| q4_0", "| turboq4", "| turboq3/turboq4:3"]
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| f16", "| q8_0", "| q4_0", "| turboq4", "| turboq3/turboq4:3",
+                                                         "| turboq3:win8"]
+    # bits in memory: the KV bytes (with the window's F16 rows) over the f16 cache's, as llama.cpp reports them
+    cols = {row.split(" | ")[0][2:]: [c.strip() for c in row.split("|")[1:-1]] for row in rows[1:]}
+    mem = {k: float(c[1]) for k, c in cols.items()}
+    kv = {k: float(c[-2]) for k, c in cols.items()}
+    rounding = 16 * 0.01 / kv["f16"] + 0.01  # the log's MiB have two decimals, the column too
+    assert mem["f16"] == 16 and mem["turboq4"] == pytest.approx(4.25, abs=rounding)
+    from pyturbo.memory import window_bytes
+    ring = window_bytes(gemma, "turboq3", "turboq3", 0, 1, 8) / 2 ** 20
+    assert ring > 0 and kv["turboq3:win8"] == pytest.approx(kv["f16"] * 3.125 / 16 + ring, abs=0.01)
+    assert mem["turboq3:win8"] == pytest.approx(3.125 + 16 * ring / kv["f16"], abs=rounding)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot: {png}" in r.stdout
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ENGINES, free_port, output, post, server_cmd, start, stop, wait_healthy
+from helpers import ENGINES, MAIN_JOB, free_port, output, post, server_cmd, start, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_TOKENS = ("<start_of_turn>", "<end_of_turn>", "<im_start>", "<|im_start|>", "<im_end>", "<|im_end|>")
@@ -26,7 +26,7 @@ N_CTX = 1024
 @pytest.fixture(scope="module", params=ENGINES)
 def server(request, build_info):
     port = free_port()
-    proc = start(server_cmd(request.param, port, "-ctk", "turboq3", "-ctv", "turboq4", "--layer-adaptive", "3",
+    proc = start(server_cmd(request.param, port, *MAIN_JOB,
                             "--n-ctx", str(N_CTX), "--parallel", "8"))
     url = f"http://127.0.0.1:{port}"
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 from .. import data, exact_window
 from ..tools import llama_perplexity, run_tool
 from ..layer_adaptive import policies
-from ..memory import kv_geometry
+from ..memory import kv_geometry, window_bytes
 from ..types import layer_cache_type, requested_cache_type
 
 QUALITY_TYPES = ["f16", "q8_0", "q4_0", "turboq8", "turboq4", "turboq3", "turboq2"]
@@ -124,19 +124,26 @@ def quality(args: argparse.Namespace) -> None:
             r = llama_perplexity(model, text, k, v, ctx=args.ctx, batch=batch, chunks=chunks, threads=args.threads,
                                  kld_base=base, write_base=(c == "f16"), env=env, timeout=6 * 3600, extra=ubatch)
             geo = kv_geometry(model)
-            rows.append((label, config_bpw(geo.n_layer, k, v, env, args.ctx, geo.head_dim_k, geo.head_dim_v), r))
+            w = int(env.get(exact_window.ENV) or 0)
+            mode = int(env.get("TURBO_LAYER_ADAPTIVE") or 0)
+            ring_mib = window_bytes(model, k, v, mode, 1, w) / 2 ** 20 if w else 0.0
+            rows.append((label, config_bpw(geo.n_layer, k, v, env, args.ctx, geo.head_dim_k, geo.head_dim_v),
+                         r.kv_mib + ring_mib, r))
             tqdm.write(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} median {r.kld_median} p99.9 {r.kld_p999} "
                        f"KV {r.kv_mib:.2f} MiB", file=sys.stderr)
-    f16_kv = rows[0][2].kv_mib
-    q4 = next((r for label, _, r in rows if label == "q4_0"), None)
+    f16_kv = rows[0][2]
+    q4 = next((r for label, _, _, r in rows if label == "q4_0"), None)
     print(f"\n{model.name}, {text.name}, c={args.ctx} (-b {batch}), {chunks} chunk(s) (the second half of each "
           "scored), -fa on; KLD against the f16 cache; K/V, ':N' = TURBO_LAYER_ADAPTIVE=N, ':uncentered' = "
-          "TURBOQ_K_CENTER=0, ':unscaled' = TURBOQ_K_BALANCE=0, ':winW' = --kv-exact-window W (bpw with its F16 "
-          "rows)" +
+          "TURBOQ_K_CENTER=0, ':unscaled' = TURBOQ_K_BALANCE=0, ':winW' = --kv-exact-window W (KV MiB with its "
+          "F16 rows)" +
           (f", ':tailW'/':sinkS' = TURBOQ_EXACT_TAIL=W/TURBOQ_EXACT_SINK=S (-ub {batch}; KV MiB without "
-           "those f16 rows, bpw with them)" if ubatch else "") + "\n")
-    print("| K/V | bpw | PPL | mean KLD | mean vs q4_0 | median KLD | p99.9 KLD | p99.9 vs q4_0 | same top token | KV MiB | KV vs f16 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+           "those f16 rows, bpw per layer with them)" if ubatch else "") + ". bpw in memory: 16 x the KV bytes over "
+          "the f16 cache's (the log's MiB, to two decimals); bpw per layer: the types' bits averaged over the layers, which differ where layers hold "
+          "different numbers of cells (sliding windows)\n")
+    print("| K/V | bpw in memory | bpw per layer | PPL | mean KLD | mean vs q4_0 | median KLD | p99.9 KLD | p99.9 vs q4_0 "
+          "| same top token | KV MiB | KV vs f16 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 
     def ratio(x: float | None, ref: float | None) -> str:
         return f"{x / ref:.2f}x" if x is not None and ref else ""
@@ -144,17 +151,20 @@ def quality(args: argparse.Namespace) -> None:
     def num(x: float | None, fmt: str) -> str:
         return "missing" if x is None else format(x, fmt)
 
-    for label, bpw, r in rows:
+    for label, bpw, kv, r in rows:
+        mem = 16 * kv / f16_kv
         if label == "f16":
-            print(f"| f16 | {bpw:.3f} | {r.ppl:.3f} | 0 | | 0 | 0 | | 100% | {r.kv_mib:.2f} | 1.0000 |")
+            print(f"| f16 | {mem:.2f} | {bpw:.3f} | {r.ppl:.3f} | 0 | | 0 | 0 | | 100% | {kv:.2f} | 1.0000 |")
             continue
         kld = "missing" if r.kld is None else f"{r.kld:.5f} ± {r.kld_err:.5f}"
-        print(f"| {label} | {bpw:.3f} | {r.ppl:.3f} | {kld} | {ratio(r.kld, q4 and q4.kld)} | {num(r.kld_median, '.5f')} "
-              f"| {num(r.kld_p999, '.4f')} | {ratio(r.kld_p999, q4 and q4.kld_p999)} | "
-              f"{'missing' if r.same_top is None else f'{r.same_top:.1f}%'} | {r.kv_mib:.2f} | {r.kv_mib / f16_kv:.4f} |")
+        print(f"| {label} | {mem:.2f} | {bpw:.3f} | {r.ppl:.3f} | {kld} | {ratio(r.kld, q4 and q4.kld)} | "
+              f"{num(r.kld_median, '.5f')} | {num(r.kld_p999, '.4f')} | {ratio(r.kld_p999, q4 and q4.kld_p999)} | "
+              f"{'missing' if r.same_top is None else f'{r.same_top:.1f}%'} | {kv:.2f} | {kv / f16_kv:.4f} |")
     if args.plot != "none":
         path = Path(args.plot or f"bench-out/quality-{model.stem}-{text.stem}-c{args.ctx}.png")
-        points = [(label, bpw, r.kld) for label, bpw, r in rows if label != "f16" and r.kld is not None and bpw == bpw]
+        # tails and sinks are debug rows whose f16 copies the cache does not hold: their per-layer bits count them
+        points = [(label, bpw if set(parse_config(label)[3]) & set(EXACT_ROWS.values()) else 16 * kv / f16_kv, r.kld)
+                  for label, bpw, kv, r in rows if label != "f16" and r.kld is not None and bpw == bpw]
         try:
             from .plot import plot_kld_per_bit
             plot_kld_per_bit(points, path, f"{model.name}, {text.name}, c={args.ctx}, {chunks} chunk(s): "

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from .. import data
 from .cpu import parse_config
 
-NEEDLE_TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3/turboq4:3", "turboq3", "turboq2"]
+NEEDLE_TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3:win32", "turboq3/turboq4:3", "turboq3", "turboq2"]
 QUESTION = "\n\nWhat is the secret number? The secret number is"
 MAX_NEW = 8
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from .._paths import cache_dir
 from . import reference as ref
+from . import trellis
 from .codebook import D, codebooks, lloyd_max, thresholds
 from .signs import sign_lists
 
@@ -160,6 +161,8 @@ class Variant:
     seed: int | None = None    # rotation draw
     group: int = D             # values per rotation group (and fp16 norm): 128 ships; 64 and 32 for
                                # heads that are not a multiple of 128 (issue 22), with their own codebooks
+    trellis: int = 0           # L > 0: the bits index a bit-shift trellis of 2^L states (pyturbo.lab.trellis)
+                               # instead of the scalar codebook, at the same bits per value
 
     @property
     def name(self) -> str:
@@ -192,7 +195,9 @@ def encode_decode(x: np.ndarray, v: Variant) -> np.ndarray:
     R = rotation(v.rot, v.seed, G)
     y = (g / nrm) @ R.T
     cb = codebooks()[v.name].astype(np.float64) if G == D or v.bits == 8 else _lloyd_max(G, v.bits)[0]
-    if v.bits == 8:
+    if v.trellis:
+        c = trellis.quantize(y * np.sqrt(G), v.bits, v.trellis) / np.sqrt(G)
+    elif v.bits == 8:
         a = np.max(np.abs(y), 1, keepdims=True)
         c = cb[np.clip(np.floor(y * (127.5 / a) + 128.0), 0, 255).astype(int)] * a
     else:
@@ -385,6 +390,13 @@ def variant_table(scales: dict[int, np.ndarray] | None = None, ctx: int = 512) -
                          lambda s, b=b: (tq(V(b, "ls", seed=s), scales=sc), tq(V(b, "ls", seed=s)))))
         rows.append(("turboq3 K / turboq4 V + channel scale", 3.6875,
                      lambda s: (tq(V(3, seed=s), scales=scales), tq(V(4, seed=s)))))
+        # the same bits through a trellis of 2^L states (issue 21's trellis-coding lever)
+        for b in (3, 2):
+            for L in (8, 10):
+                rows.append((f"turboq{b} + channel scale, trellis 2^{L}", bpw[b],
+                             lambda s, b=b, L=L: (tq(V(b, seed=s, trellis=L), scales=scales), tq(V(b, seed=s, trellis=L)))))
+            rows.append((f"turboq{b} + channel scale, trellis 2^8 + last 16 tokens exact", bpw[b] + (16 - bpw[b]) * 16 / ctx,
+                         lambda s, b=b: (tq(V(b, seed=s, trellis=8), scales=scales), tq(V(b, seed=s, trellis=8)), 16)))
         # smaller rotation groups, each with its own fp16 norm (issue 22: head_dim 64, 96, 80)
         for g in (64, 32):
             for b in (4, 3, 2):
