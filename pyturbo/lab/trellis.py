@@ -14,8 +14,9 @@ costs 2^L states per value, which is what a shipped type would pay on every toke
 `e2e` is end to end without a C encoder: the bundled model runs in transformers on chunks of
 botchan.txt as llama-perplexity takes them (BOS first, 512 tokens, one forward each), with a
 cache that hands attention every K and V row encoded and decoded by a pyturbo.lab.kvlab codec
-(K centered on the chunk's mean and channel-scaled, as the product stores it), and the mean KLD
-of the scored second half against the same model with the exact cache.
+(K centered on the chunk's own mean, where the product uses a calibrated one, and
+channel-scaled), and the mean KLD of the positions llama-perplexity scores against the same
+model with the exact cache.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from .codebook import lloyd_max
 def viterbi(y: np.ndarray, cb: np.ndarray, bits: int, batch: int = 2048) -> np.ndarray:
     """y [G, n] -> the states [G, n] (int64) of the path that minimizes sum_t (y_t - cb[s_t])^2."""
     S = len(cb)
-    lo = S >> bits                       # states reachable from one state: S / 2^bits predecessors share a suffix
+    lo = S >> bits                       # groups of 2^bits states that share their low L - bits bits
     G, n = y.shape
     out = np.empty((G, n), np.int64)
     cbf = cb.astype(np.float32)
@@ -129,14 +130,17 @@ def e2e(n_chunks: int, threads: int = 2, seeds: tuple[int | None, ...] = (None,)
             return super().update(code(key_states, self.k, "k"), code(value_states, self.v, "v"), layer_idx,
                                   *args, **kwargs)
 
-    tokens = lm.tokenize(data.corpus().read_text(encoding="utf-8"), add_bos=False)
+    # llama-perplexity's chunks: the text tokenized after a BOS, cut every n tokens, each chunk's
+    # first token replaced by BOS
+    tokens = [lm.bos_id, *lm.tokenize(data.corpus().read_text(encoding="utf-8"), add_bos=False)]
     n = 512
     chunks = [[lm.bos_id, *tokens[i * n + 1:(i + 1) * n]] for i in range(n_chunks)]
 
     def logp(ids, cache):
         with torch.inference_mode():
             out = lm.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
-        return torch.log_softmax(out.logits[0, n // 2 - 1:n - 1].double(), -1)
+        # llama-perplexity scores the logits of positions n/2 .. n-2 (each predicts the next token)
+        return torch.log_softmax(out.logits[0, n // 2:n - 1].double(), -1)
 
     base = [logp(c, DynamicCache(config=lm.model.config)) for c in chunks]
     print(f"{n_chunks} chunks of {n} (second half scored), KLD vs the exact cache, mean over the chunks' tokens; "
