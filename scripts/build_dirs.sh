@@ -9,6 +9,7 @@
 : "${PYTURBO_ASAN_BUILD_DIR:=build-asan}"          # scripts/asan_state_check.sh
 : "${PYTURBO_AARCH64_BUILD_DIR:=build-aarch64}"    # scripts/build_portable.sh, for tests/test_portable_kernels.py
 : "${PYTURBO_SCALAR_BUILD_DIR:=build-scalar}"      # the same, x86 without AVX2/FMA
+: "${PYTURBO_AVX2_BUILD_DIR:=build-avx2}"          # the same, x86 with AVX2/FMA and without AVX-512
 
 # -DCMAKE_C_COMPILER/-DCMAKE_CXX_COMPILER for a new CPU build dir: the compilers that `pip install .`
 # (scikit-build-core) configures the same build dir with ($CC/$CXX, else Python's own), so that a

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The portable-kernel builds that tests/test_portable_kernels.py runs: the patched ggml and
 # tests/portable/turboq_check.c, (1) cross-compiled for AArch64 (NEON) and run under qemu-aarch64,
-# (2) for x86 with AVX2 and FMA off (the generic kernels). Needs the tree that scripts/setup.sh
-# prepared. Installs Debian's cross toolchain and qemu-user when missing (as root).
+# (2) for x86 with AVX2 and FMA off (the generic kernels), (3) for x86 with AVX2 and FMA but no
+# AVX-512 (the AVX2 kernels, which a native build on an AVX-512 machine never compiles). Needs the
+# tree that scripts/setup.sh prepared. Installs Debian's cross toolchain and qemu-user when missing (as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,3 +40,9 @@ cmake -S tests/portable -B "$PYTURBO_SCALAR_BUILD_DIR" -DCMAKE_BUILD_TYPE=Releas
     -DGGML_NATIVE=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_AVX512=OFF \
     -DGGML_AVX_VNNI=OFF -DGGML_BMI2=OFF "${launcher[@]}" >/dev/null
 cmake --build "$PYTURBO_SCALAR_BUILD_DIR" -j"$(nproc)" --target turboq-check
+
+# x86 with AVX2, FMA and F16C, without AVX-512: the AVX2 versions of the kernels
+cmake -S tests/portable -B "$PYTURBO_AVX2_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_SRC="$upstream" \
+    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF \
+    -DGGML_AVX_VNNI=OFF "${launcher[@]}" >/dev/null
+cmake --build "$PYTURBO_AVX2_BUILD_DIR" -j"$(nproc)" --target turboq-check

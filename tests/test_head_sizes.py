@@ -1,10 +1,10 @@
 """Head sizes that are a multiple of 64 but not of 128 (issue 22): the _g64 twins of the turboq types.
 
-llama.cpp stores a requested turboq type as its _g64 twin (64-value rotation groups, CPU only so
-far) on each layer whose head size is a multiple of 64 but not of 128. Checked here: the codec's
-error against its codebook, flash attention over such caches against NumPy, llama.cpp end to end
-on SmolLM2-135M (real weights, head_dim 64) and on tiny models, and the refusal, naming the head
-size, of what still does not work. The C codec against the NumPy reference, bit for bit, is in
+llama.cpp stores a requested turboq type as its _g64 twin (64-value rotation groups; CPU and
+Vulkan, whose cases are in test_vulkan.py) on each layer whose head size is a multiple of 64 but
+not of 128. Checked here: the codec's error against its codebook, flash attention over such
+caches against NumPy, llama.cpp end to end on SmolLM2-135M (real weights, head_dim 64) and on
+tiny models, and the refusal, naming the head size, of what still does not work. The C codec against the NumPy reference, bit for bit, is in
 test_codec.py with the other types.
 """
 from __future__ import annotations
@@ -178,7 +178,7 @@ def test_other_head_sizes_are_refused_with_their_head_size(tiny, short_text, hea
     assert r.returncode > 0
     out = r.stderr + r.stdout
     assert f"n_embd_head_k={head_dim}" in out
-    assert "groups of 128 values, or of 64 (CPU only)" in out
+    assert "groups of 128 values, or of 64 (CPU and Vulkan)" in out
     assert f"this model's is {head_dim}; caches that work with it: {works}" in out
 
 

@@ -1,8 +1,10 @@
-"""The turboq CPU paths on other instruction sets: AArch64 NEON under qemu-user, and x86 with AVX2
-and FMA off (the generic kernels).
+"""The turboq CPU paths on other instruction sets: AArch64 NEON under qemu-user, x86 with AVX2
+and FMA off (the generic kernels), and x86 with AVX2 but without AVX-512 (the AVX2 kernels, which
+the native build does not compile on an AVX-512 machine).
 
-scripts/build_portable.sh builds tests/portable/turboq_check.c against the patched ggml twice:
-build-aarch64/ (cross-compiled, run with qemu-aarch64) and build-scalar/. Inputs are generated
+scripts/build_portable.sh builds tests/portable/turboq_check.c against the patched ggml three
+times: build-aarch64/ (cross-compiled, run with qemu-aarch64), build-scalar/ and build-avx2/ (the
+last runs on an x86 machine with AVX2; it skips on one without). Inputs are generated
 here, written to files, and the harness's results are compared with pyturbo.lab.reference:
 - the codec (SET_ROWS into the cache, GET_ROWS back) bit for bit, over a few hundred groups (128
   values, or 64 for the _g64 twins) that include zeros, NaN/Inf rows, huge and subnormal values;
@@ -49,8 +51,17 @@ def _runner(name: str) -> list[str]:
     return [*prefix, str(exe)]
 
 
-@pytest.fixture(params=["aarch64", "scalar"])
+def _has_avx2() -> bool:
+    try:
+        return " avx2 " in f" {Path('/proc/cpuinfo').read_text()} ".replace("\n", " ")
+    except OSError:
+        return False
+
+
+@pytest.fixture(params=["aarch64", "scalar", "avx2"])
 def harness(request):
+    if request.param == "avx2" and not _has_avx2():
+        pytest.skip("this machine has no AVX2")  # the build still compiles the AVX2 kernels
     return request.param, _runner(request.param)
 
 

@@ -1,7 +1,8 @@
 """The Vulkan backend, run on Mesa's software driver (lavapipe), against the CPU backend.
 
 test-backend-ops compares every turboq case on Vulkan0 with the CPU backend (its own NMSE
-tolerances), and llama-perplexity -ngl 99 with turboq3 K/V must give the CPU's logits.
+tolerances), the _g64 twins' included, and llama-perplexity -ngl 99 with turboq3 K/V must give the
+CPU's logits at head sizes 128 and 64.
 
 build-vulkan/ comes from scripts/setup_vulkan.sh, which scripts/test.sh runs. Without it these
 tests skip, except under CI (CI=true) or PYTURBO_REQUIRE_VULKAN=1, where they fail: a run that did
@@ -91,23 +92,12 @@ def test_turboq_cache_ops_on_vulkan(vk_bin, op, n_cases):
     assert backend_ops(vk_bin, op, "turboq[2348][,)]") == n_cases
 
 
-def test_the_64_value_twins_are_not_claimed_by_vulkan(vk_bin, tmp_path, monkeypatch):
-    """The _g64 types (head sizes 64, 192, ...) are CPU-only so far: Vulkan0 declines their cases
-    (no crash, no wrong result), and llama.cpp refuses a layer that would keep such a cache on
-    Vulkan0, naming what works, instead of letting the scheduler run its attention elsewhere."""
-    r = subprocess.run([str(vk_bin / "test-backend-ops"), "-b", "Vulkan0", "-p", "_g64"], env=vk_env(),
-                       capture_output=True, text=True, timeout=600)
-    cases = [line for line in r.stdout.splitlines() if "_g64" in line]
-    assert r.returncode == 0 and len(cases) == 32, r.stdout[-3000:]
-    assert all("not supported" in line for line in cases), "\n".join(cases)
-    monkeypatch.setenv("PYTURBO_BUILD_DIR", str(VK_BUILD))
-    for k, v in vk_env().items():
-        monkeypatch.setenv(k, v)
-    model, text = data.tiny_model(head_dim=64), data.corpus_slice(12000)
-    with pytest.raises(RuntimeError, match=r"head size 64: .*turboq3_g64.*only the CPU backend.*Vulkan0.*--no-kv-offload"):
-        perplexity(model, text, "turboq3", "turboq3", ctx=256, chunks=1, extra=("-ngl", "99"))
-    kept = perplexity(model, text, "turboq3", "turboq3", ctx=256, chunks=1, extra=("-ngl", "99", "--no-kv-offload"))
-    assert kept.ppl > 0
+@pytest.mark.parametrize("op, n_cases", [("SET_ROWS", 4), ("GET_ROWS", 4), ("CPY", 8), ("FLASH_ATTN_EXT", 24)])
+def test_the_64_value_twins_on_vulkan(vk_bin, op, n_cases):
+    """The _g64 twins (head sizes 64 and 192; issue 22): each type's SET_ROWS, GET_ROWS, CPY both
+    ways, and flash attention at head sizes 64 and 192 (batches of 1 and 35), an f16 K beside a
+    twin's V over 200 queries, and llama.cpp's layout at head size 64."""
+    assert backend_ops(vk_bin, op, "_g64") == n_cases
 
 
 def test_turboq_flash_attention_on_vulkan_hs128(vk_bin):
@@ -120,8 +110,11 @@ def test_turboq_flash_attention_on_vulkan_hs128(vk_bin):
     assert backend_ops(vk_bin, "FLASH_ATTN_EXT", "hsk=128,.*turboq[23]", "hsk=128,.*turboq[48]") == 80
 
 
-def test_turboq_perplexity_vulkan_matches_cpu(build_info, vk_bin, tmp_path, monkeypatch):
-    model = data.tiny_model(head_dim=128)
+@pytest.mark.parametrize("head_dim, stored", [(128, "turboq3"), (64, "turboq3_g64")])
+def test_turboq_perplexity_vulkan_matches_cpu(build_info, vk_bin, tmp_path, monkeypatch, head_dim, stored):
+    """llama-perplexity with every layer and its turboq3 cache on Vulkan0 gives the CPU's logits;
+    at head size 64 the cache stores the _g64 twin on Vulkan0 (it was refused there before)."""
+    model = data.tiny_model(head_dim=head_dim)
     text = data.corpus_slice(12000)
     base = tmp_path / "cpu-turboq3.kld"
     f16_base = tmp_path / "cpu-f16.kld"
@@ -139,7 +132,9 @@ def test_turboq_perplexity_vulkan_matches_cpu(build_info, vk_bin, tmp_path, monk
 
     assert "offloaded 3/3 layers to GPU" in vk.log, vk.log[-3000:]
     assert re.search(r"Vulkan0 KV buffer size", vk.log), vk.log[-3000:]
-    print(f"\nPPL f16 CPU {cpu_f16.ppl:.4f} | turboq3 CPU {cpu.ppl:.4f} | turboq3 Vulkan {vk.ppl:.4f}"
+    if stored != "turboq3":
+        assert f"head size {head_dim}: K {stored}, V {stored}" in vk.log, vk.log[-3000:]
+    print(f"\nhead size {head_dim}: PPL f16 CPU {cpu_f16.ppl:.4f} | turboq3 CPU {cpu.ppl:.4f} | turboq3 Vulkan {vk.ppl:.4f}"
           f" | KLD Vulkan vs CPU {vk.kld:.3g} | KLD turboq3 vs f16 (CPU) {cpu_vs_f16.kld:.3g}")
     assert abs(vk.ppl / cpu.ppl - 1) < PPL_REL_TOL
     assert vk.kld is not None and vk.kld < KLD_TOL

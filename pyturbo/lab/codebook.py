@@ -173,7 +173,7 @@ def render_header() -> str:
         parts.append(f"// {1 << b} levels; E||u - Q(u)||^2 = {lm.vector_mse:.6f} for a unit vector")
         parts.append(f"TURBOQ_TABLE float turboq{b}_centroids[{1 << b}] = {{\n{_c_floats(cbs[f'turboq{b}'])}\n}};")
         parts.append(f"TURBOQ_TABLE float turboq{b}_thresholds[{(1 << b) - 1}] = {{\n{_c_floats(thr[f'turboq{b}'])}\n}};\n")
-    parts.append("// The _g64 types (64-value groups, CPU only): the first 64 signs of each table above, and")
+    parts.append("// The _g64 types (64-value groups): the first 64 signs of each table above, and")
     parts.append("// Lloyd-Max codebooks for a unit vector in R^64; turboq8_g64 takes turboq8's grid.")
     for b in LLOYD_MAX_BITS:
         lm = lloyd_max(b, d=G64)
@@ -203,6 +203,8 @@ def render_glsl() -> str:
         "",
         f"const uint TURBOQ_GROUP = {D}u;",
         f"const float TURBOQ_INV_SQRT_GROUP = {float(np.float32(1.0 / np.sqrt(D))):.9e};",
+        f"const uint TURBOQ_G64_GROUP = {G64}u;",
+        f"const float TURBOQ_G64_INV_SQRT_GROUP = {float(np.float32(1.0 / np.sqrt(G64))):.9e};",
         "",
     ]
     parts.append(_signs.glsl_block())
@@ -211,6 +213,11 @@ def render_glsl() -> str:
         parts.append(_glsl_floats(f"turboq{b}_centroids", cbs[f"turboq{b}"]))
         parts.append(_glsl_floats(f"turboq{b}_thresholds", thr[f"turboq{b}"]))
     parts.append(_glsl_floats("turboq8_centroids", cbs["turboq8"]))
+    parts.append("")
+    parts.append("// the _g64 types: the first 64 signs above, their own Lloyd-Max tables, turboq8's grid")
+    for b in LLOYD_MAX_BITS:
+        parts.append(_glsl_floats(f"turboq{b}_g64_centroids", cbs[f"turboq{b}_g64"]))
+        parts.append(_glsl_floats(f"turboq{b}_g64_thresholds", thr[f"turboq{b}_g64"]))
     parts.append("")
     parts.append("#endif")
     return "\n".join(parts) + "\n"

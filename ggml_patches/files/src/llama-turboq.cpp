@@ -255,6 +255,39 @@ llama_turboq_layer_types llama_turboq_fit_heads(const llama_turboq_layer_types &
     return fit;
 }
 
+namespace {
+
+bool is_rpc(ggml_backend_dev_t dev);
+
+// whether dev computes what a layer with these K/V types needs from it: SET_ROWS into each cache
+// and flash attention over them (ggml_backend_dev_supports_op on shapes like the layer's)
+bool device_takes_kv_types(ggml_backend_dev_t dev, const llama_turboq_layer_types & lt, uint32_t n_embd_head_k,
+                           uint32_t n_embd_head_v) {
+    const ggml_init_params params = { 16 * ggml_tensor_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(params);
+    if (ctx == nullptr) {
+        return false;
+    }
+    const int64_t n_kv = 256;
+    ggml_tensor * k    = ggml_new_tensor_3d(ctx, lt.type_k, n_embd_head_k, n_kv, 1);
+    ggml_tensor * v    = ggml_new_tensor_3d(ctx, lt.type_v, n_embd_head_v, n_kv, 1);
+    ggml_tensor * q    = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n_embd_head_k, 1, 4);
+    ggml_tensor * mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, 1);
+    ggml_tensor * rows = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_embd_head_k, 1);
+    ggml_tensor * idx  = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, 1);
+    ggml_tensor * fa   = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0f, 0.0f, 0.0f);
+    ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
+    ggml_tensor * set_k = ggml_set_rows(ctx, ggml_view_2d(ctx, k, n_embd_head_k, n_kv, k->nb[1], 0), rows, idx);
+    ggml_tensor * rows_v = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_embd_head_v, 1);
+    ggml_tensor * set_v = ggml_set_rows(ctx, ggml_view_2d(ctx, v, n_embd_head_v, n_kv, v->nb[1], 0), rows_v, idx);
+    const bool ok = ggml_backend_dev_supports_op(dev, fa) && ggml_backend_dev_supports_op(dev, set_k) &&
+                    ggml_backend_dev_supports_op(dev, set_v);
+    ggml_free(ctx);
+    return ok;
+}
+
+} // namespace
+
 void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_backend_dev_t dev, uint32_t il,
                                      uint32_t n_embd_head_k, uint32_t n_embd_head_v, bool is_mla) {
     const bool k64 = ggml_turboq_group(lt.type_k) == QK_G64;
@@ -267,8 +300,13 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
     if ((!k64 && !v64) || dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
         return;
     }
+    // an RPC server's build may lack the twins whatever its device claims here; other devices
+    // answer for themselves (Vulkan takes the twins, CUDA not yet)
+    if (!is_rpc(dev) && device_takes_kv_types(dev, lt, n_embd_head_k, n_embd_head_v)) {
+        return;
+    }
     throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores 64-value groups (%s), which only the "
-        "CPU backend implements so far, and this layer's KV cache is on %s; keep the KV cache on the CPU "
+        "CPU and Vulkan backends implement so far, and this layer's KV cache is on %s; keep the KV cache on the CPU "
         "(--no-kv-offload, offload_kqv=False) or use q8_0 or q4_0, whose 32-value blocks every backend takes",
         il, k64 ? n_embd_head_k : n_embd_head_v, ggml_type_name(k64 ? lt.type_k : lt.type_v), ggml_backend_dev_name(dev)));
 }
@@ -278,7 +316,7 @@ void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t 
         return;
     }
     const bool blocks_of_32 = n_embd_head % ggml_blck_size(GGML_TYPE_Q8_0) == 0 && n_embd_head % ggml_blck_size(GGML_TYPE_Q4_0) == 0;
-    LLAMA_LOG_ERROR("%s: layer %u: %s cache %s: turboq types rotate and store groups of 128 values, or of 64 (CPU only) "
+    LLAMA_LOG_ERROR("%s: layer %u: %s cache %s: turboq types rotate and store groups of 128 values, or of 64 (CPU and Vulkan) "
         "for head sizes that are a multiple of 64, and this model's is %u; caches that work with it: %s\n", __func__, il, side,
         ggml_type_name(type), n_embd_head,
         blocks_of_32 ? "q8_0 (8.5 bits per value) or q4_0 (4.5), whose blocks are 32 values, or f16" : "f16");

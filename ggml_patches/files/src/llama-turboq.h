@@ -75,10 +75,11 @@ llama_turboq_layer_types llama_turboq_fit_heads(const llama_turboq_layer_types &
 bool llama_turboq_is_rpc(ggml_backend_dev_t dev);
 
 // throws std::runtime_error, naming the layer, its head size and what works, when a layer whose
-// cache takes a _g64 type (CPU only) would have it on another device (`dev`: the layer's KV device,
-// NULL when the cache stays on the CPU), or on an RPC server's layer even with the cache here (its
-// flash attention would run on the server, which may not have the type); and for any turboq type
-// in an MLA model (not supported yet)
+// cache takes a _g64 type would have it on a device that does not compute it (`dev`: the layer's
+// KV device, NULL when the cache stays on the CPU; asked through supports_op: Vulkan does, CUDA
+// not yet), or on an RPC server's layer even with the cache here (its flash attention would run
+// on the server, which may not have the type); and for any turboq type in an MLA model (not
+// supported yet)
 void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_backend_dev_t dev, uint32_t il,
                                      uint32_t n_embd_head_k, uint32_t n_embd_head_v, bool is_mla);
 

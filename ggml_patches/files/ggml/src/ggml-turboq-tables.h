@@ -67,7 +67,7 @@ TURBOQ_TABLE float turboq4_thresholds[15] = {
     1.260695755e-01f, 1.613436341e-01f, 2.092714310e-01f
 };
 
-// The _g64 types (64-value groups, CPU only): the first 64 signs of each table above, and
+// The _g64 types (64-value groups): the first 64 signs of each table above, and
 // Lloyd-Max codebooks for a unit vector in R^64; turboq8_g64 takes turboq8's grid.
 // 4 levels; E||u - Q(u)||^2 = 0.114526 for a unit vector in R^64
 TURBOQ_TABLE float turboq2_g64_centroids[4] = {

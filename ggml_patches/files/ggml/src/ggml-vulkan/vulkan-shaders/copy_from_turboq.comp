@@ -1,6 +1,6 @@
 #version 450
 
-// CPY turboq -> f32/f16: one workgroup of one invocation per 128-value block, as copy_from_quant.comp.
+// CPY turboq -> f32/f16: one workgroup of one invocation per block, as copy_from_quant.comp.
 
 #include "types.glsl"
 #include "generic_unary_head.glsl"
@@ -20,7 +20,7 @@ void main() {
 
     float x[128];
     turboq_decode_a(src_idx, x);
-    for (uint j = 0; j < 128; ++j) {
+    for (uint j = 0; j < TQ_G; ++j) {
         data_d[dst_idx + j] = D_TYPE(x[j]);
     }
 }

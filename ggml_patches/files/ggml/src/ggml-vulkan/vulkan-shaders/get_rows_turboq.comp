@@ -1,7 +1,7 @@
 #version 450
 
-// GET_ROWS from a turboq tensor: one invocation decodes one 128-value block (the inverse rotation
-// needs the whole group), into f32 or f16.
+// GET_ROWS from a turboq tensor: one invocation decodes one block, 128 or 64 values (the inverse
+// rotation needs the whole group), into f32 or f16.
 
 #include "types.glsl"
 #include "generic_binary_head.glsl"
@@ -31,7 +31,7 @@ void main() {
 
             float x[128];
             turboq_decode_a(a_offset + i00/QUANT_K, x);
-            for (uint j = 0; j < 128; ++j) {
+            for (uint j = 0; j < TQ_G; ++j) {
                 data_d[d_offset + i00 + j] = D_TYPE(x[j]);
             }
 

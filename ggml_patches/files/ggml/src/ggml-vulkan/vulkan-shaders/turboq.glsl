@@ -11,17 +11,39 @@
 
 float turboq_centroid(const uint type, const uint q) {
     switch (type) {
-        case GGML_TYPE_TURBOQ2_0: return turboq2_centroids[q];
-        case GGML_TYPE_TURBOQ3_0: return turboq3_centroids[q];
-        case GGML_TYPE_TURBOQ4_0: return turboq4_centroids[q];
-        default:                  return turboq8_centroids[q];
+        case GGML_TYPE_TURBOQ2_0:   return turboq2_centroids[q];
+        case GGML_TYPE_TURBOQ3_0:   return turboq3_centroids[q];
+        case GGML_TYPE_TURBOQ4_0:   return turboq4_centroids[q];
+        case GGML_TYPE_TURBOQ2_G64: return turboq2_g64_centroids[q];
+        case GGML_TYPE_TURBOQ3_G64: return turboq3_g64_centroids[q];
+        case GGML_TYPE_TURBOQ4_G64: return turboq4_g64_centroids[q];
+        default:                    return turboq8_centroids[q];
     }
 }
 
-// unnormalised Walsh-Hadamard butterflies, h = 1..64 as in the C code
-void turboq_fwht(inout float x[128]) {
-    for (uint h = 1; h < 128; h <<= 1) {
-        for (uint i = 0; i < 128; i += 2 * h) {
+// the number of thresholds below v of the type's codebook (not turboq8's grid)
+uint turboq_threshold_index(const uint type, const float v) {
+    uint q = 0;
+    switch (type) {
+        case GGML_TYPE_TURBOQ2_0:   for (uint k = 0; k < 3;  ++k) q += turboq2_thresholds[k] < v ? 1 : 0; break;
+        case GGML_TYPE_TURBOQ3_0:   for (uint k = 0; k < 7;  ++k) q += turboq3_thresholds[k] < v ? 1 : 0; break;
+        case GGML_TYPE_TURBOQ4_0:   for (uint k = 0; k < 15; ++k) q += turboq4_thresholds[k] < v ? 1 : 0; break;
+        case GGML_TYPE_TURBOQ2_G64: for (uint k = 0; k < 3;  ++k) q += turboq2_g64_thresholds[k] < v ? 1 : 0; break;
+        case GGML_TYPE_TURBOQ3_G64: for (uint k = 0; k < 7;  ++k) q += turboq3_g64_thresholds[k] < v ? 1 : 0; break;
+        default:                    for (uint k = 0; k < 15; ++k) q += turboq4_g64_thresholds[k] < v ? 1 : 0; break;
+    }
+    return q;
+}
+
+// 1/sqrt(g) for a group of g values
+float turboq_inv_sqrt_group(const uint g) {
+    return g == TURBOQ_G64_GROUP ? TURBOQ_G64_INV_SQRT_GROUP : TURBOQ_INV_SQRT_GROUP;
+}
+
+// unnormalised Walsh-Hadamard butterflies on the first g values, h = 1..g/2 as in the C code
+void turboq_fwht(inout float x[128], const uint g) {
+    for (uint h = 1; h < g; h <<= 1) {
+        for (uint i = 0; i < g; i += 2 * h) {
             for (uint j = i; j < i + h; ++j) {
                 const float a = x[j];
                 const float b = x[j + h];
@@ -32,20 +54,20 @@ void turboq_fwht(inout float x[128]) {
     }
 }
 
-// x = D1.H.D2.x/sqrt(128) * scale
-void turboq_unrotate_scaled(inout float x[128], const float scale) {
-    precise const float k = scale * TURBOQ_INV_SQRT_GROUP;
-    for (uint i = 0; i < 128; ++i) x[i] = x[i] * TQ_SIGN2(i);
-    turboq_fwht(x);
-    for (uint i = 0; i < 128; ++i) {
+// x = D1.H.D2.x/sqrt(g) * scale, on the first g values and signs
+void turboq_unrotate_scaled(inout float x[128], const uint g, const float scale) {
+    precise const float k = scale * turboq_inv_sqrt_group(g);
+    for (uint i = 0; i < g; ++i) x[i] = x[i] * TQ_SIGN2(i);
+    turboq_fwht(x, g);
+    for (uint i = 0; i < g; ++i) {
         precise const float t = x[i] * k;
         x[i] = t * TQ_SIGN1(i);
     }
 }
 
-// destroys t
-float turboq_tree_sum(inout float t[128]) {
-    for (uint h = 64; h > 0; h >>= 1) {
+// the halving-tree sum of the first g values; destroys t
+float turboq_tree_sum(inout float t[128], const uint g) {
+    for (uint h = g / 2; h > 0; h >>= 1) {
         for (uint i = 0; i < h; ++i) {
             t[i] = t[i] + t[i + h];
         }
@@ -53,11 +75,13 @@ float turboq_tree_sum(inout float t[128]) {
     return t[0];
 }
 
-// Encodes the group v (destroyed): fills idx, returns the corrected norm (see ggml-turboq-encode.h).
+// Encodes the group v (its first TURBOQ_GROUP_OF(type) values; destroyed): fills idx, returns the
+// corrected norm (see ggml-turboq-encode.h).
 float turboq_encode(const uint type, inout float v[128], out uint idx[128]) {
+    const uint g = TURBOQ_GROUP_OF(type);
     float amax = 0.0;
     bool finite = true;
-    for (uint i = 0; i < 128; ++i) {
+    for (uint i = 0; i < g; ++i) {
         finite = finite && !isnan(v[i]) && !isinf(v[i]);
         amax = max(amax, abs(v[i]));
     }
@@ -67,59 +91,54 @@ float turboq_encode(const uint type, inout float v[128], out uint idx[128]) {
     }
 
     float t[128];
-    for (uint i = 0; i < 128; ++i) v[i] = v[i] / amax;
-    for (uint i = 0; i < 128; ++i) {
+    for (uint i = 0; i < g; ++i) v[i] = v[i] / amax;
+    for (uint i = 0; i < g; ++i) {
         precise const float sq = v[i] * v[i];
         t[i] = sq;
     }
-    const float r = sqrt(turboq_tree_sum(t));
-    for (uint i = 0; i < 128; ++i) v[i] = v[i] / r;
+    const float r = sqrt(turboq_tree_sum(t, g));
+    for (uint i = 0; i < g; ++i) v[i] = v[i] / r;
 
-    for (uint i = 0; i < 128; ++i) v[i] = v[i] * TQ_SIGN1(i);
-    turboq_fwht(v);
-    for (uint i = 0; i < 128; ++i) {
-        precise const float y = v[i] * TURBOQ_INV_SQRT_GROUP;
+    const float k = turboq_inv_sqrt_group(g);
+    for (uint i = 0; i < g; ++i) v[i] = v[i] * TQ_SIGN1(i);
+    turboq_fwht(v, g);
+    for (uint i = 0; i < g; ++i) {
+        precise const float y = v[i] * k;
         v[i] = y * TQ_SIGN2(i);
     }
 
-    if (type == GGML_TYPE_TURBOQ8_0) {
+    if (type == GGML_TYPE_TURBOQ8_0 || type == GGML_TYPE_TURBOQ8_G64) {
         float ya = 0.0;
-        for (uint i = 0; i < 128; ++i) ya = max(ya, abs(v[i]));
+        for (uint i = 0; i < g; ++i) ya = max(ya, abs(v[i]));
         const float s = 127.5 / ya;
-        for (uint i = 0; i < 128; ++i) {
+        for (uint i = 0; i < g; ++i) {
             precise const float p = v[i] * s;
             precise const float q = floor(p + 128.0);
             idx[i] = uint(clamp(q, 0.0, 255.0));
         }
     } else {
-        for (uint i = 0; i < 128; ++i) {
-            uint q = 0;
-            switch (type) {
-                case GGML_TYPE_TURBOQ2_0: for (uint k = 0; k < 3;  ++k) q += turboq2_thresholds[k] < v[i] ? 1 : 0; break;
-                case GGML_TYPE_TURBOQ3_0: for (uint k = 0; k < 7;  ++k) q += turboq3_thresholds[k] < v[i] ? 1 : 0; break;
-                default:                  for (uint k = 0; k < 15; ++k) q += turboq4_thresholds[k] < v[i] ? 1 : 0; break;
-            }
-            idx[i] = q;
+        for (uint i = 0; i < g; ++i) {
+            idx[i] = turboq_threshold_index(type, v[i]);
         }
     }
 
-    for (uint i = 0; i < 128; ++i) {
+    for (uint i = 0; i < g; ++i) {
         const float c = turboq_centroid(type, idx[i]);
         precise const float c2 = c * c;
         t[i] = c2;
     }
-    const float cn = sqrt(turboq_tree_sum(t));
+    const float cn = sqrt(turboq_tree_sum(t, g));
     precise const float an = amax * r;
     return min(an / cn, 65504.0);
 }
 
 #if defined(DATA_A_TURBOQ)
-// Decodes block ib of data_a into the original domain.
+// Decodes block ib of data_a into the original domain (its first TQ_G values of x).
 void turboq_decode_a(const uint ib, out float x[128]) {
-    for (uint i = 0; i < 128; ++i) {
+    for (uint i = 0; i < TQ_G; ++i) {
         x[i] = turboq_centroid(TQ_TYPE, TQ_IDX(data_a[ib], i));
     }
-    turboq_unrotate_scaled(x, float(data_a[ib].norm));
+    turboq_unrotate_scaled(x, TQ_G, float(data_a[ib].norm));
 }
 #endif
 

@@ -12,6 +12,14 @@ layout (binding = 1) readonly buffer K_PACKED_TURBOQ4_0 { block_turboq4_0 data[]
 layout (binding = 2) readonly buffer V_PACKED_TURBOQ4_0 { block_turboq4_0 data[]; } v_packed_turboq4_0;
 layout (binding = 1) readonly buffer K_PACKED_TURBOQ8_0 { block_turboq8_0 data[]; } k_packed_turboq8_0;
 layout (binding = 2) readonly buffer V_PACKED_TURBOQ8_0 { block_turboq8_0 data[]; } v_packed_turboq8_0;
+layout (binding = 1) readonly buffer K_PACKED_TURBOQ2_G64 { block_turboq2_g64 data[]; } k_packed_turboq2_g64;
+layout (binding = 2) readonly buffer V_PACKED_TURBOQ2_G64 { block_turboq2_g64 data[]; } v_packed_turboq2_g64;
+layout (binding = 1) readonly buffer K_PACKED_TURBOQ3_G64 { block_turboq3_g64 data[]; } k_packed_turboq3_g64;
+layout (binding = 2) readonly buffer V_PACKED_TURBOQ3_G64 { block_turboq3_g64 data[]; } v_packed_turboq3_g64;
+layout (binding = 1) readonly buffer K_PACKED_TURBOQ4_G64 { block_turboq4_g64 data[]; } k_packed_turboq4_g64;
+layout (binding = 2) readonly buffer V_PACKED_TURBOQ4_G64 { block_turboq4_g64 data[]; } v_packed_turboq4_g64;
+layout (binding = 1) readonly buffer K_PACKED_TURBOQ8_G64 { block_turboq8_g64 data[]; } k_packed_turboq8_g64;
+layout (binding = 2) readonly buffer V_PACKED_TURBOQ8_G64 { block_turboq8_g64 data[]; } v_packed_turboq8_g64;
 
 #define FA_DEQUANT4_TURBOQ(BUF, IDX, LEVELS) {                                                    \
     const FLOAT_TYPE n = FLOAT_TYPE(BUF.data[a_offset + ib].norm);                                \
@@ -20,3 +28,14 @@ layout (binding = 2) readonly buffer V_PACKED_TURBOQ8_0 { block_turboq8_0 data[]
                             LEVELS[IDX(BUF.data[a_offset + ib], iqs + 2u)],                       \
                             LEVELS[IDX(BUF.data[a_offset + ib], iqs + 3u)]);                      \
 }
+
+// the case labels of dequantize4's switch for K (kv = k) or V (kv = v)
+#define FA_DEQUANT4_TURBOQ_CASES(kv)                                                                                     \
+    case GGML_TYPE_TURBOQ2_0:   FA_DEQUANT4_TURBOQ(kv##_packed_turboq2_0,   TQ_IDX_TURBOQ2_0,   turboq2_centroids)     \
+    case GGML_TYPE_TURBOQ3_0:   FA_DEQUANT4_TURBOQ(kv##_packed_turboq3_0,   TQ_IDX_TURBOQ3_0,   turboq3_centroids)     \
+    case GGML_TYPE_TURBOQ4_0:   FA_DEQUANT4_TURBOQ(kv##_packed_turboq4_0,   TQ_IDX_TURBOQ4_0,   turboq4_centroids)     \
+    case GGML_TYPE_TURBOQ8_0:   FA_DEQUANT4_TURBOQ(kv##_packed_turboq8_0,   TQ_IDX_TURBOQ8_0,   turboq8_centroids)     \
+    case GGML_TYPE_TURBOQ2_G64: FA_DEQUANT4_TURBOQ(kv##_packed_turboq2_g64, TQ_IDX_TURBOQ2_G64, turboq2_g64_centroids) \
+    case GGML_TYPE_TURBOQ3_G64: FA_DEQUANT4_TURBOQ(kv##_packed_turboq3_g64, TQ_IDX_TURBOQ3_G64, turboq3_g64_centroids) \
+    case GGML_TYPE_TURBOQ4_G64: FA_DEQUANT4_TURBOQ(kv##_packed_turboq4_g64, TQ_IDX_TURBOQ4_G64, turboq4_g64_centroids) \
+    case GGML_TYPE_TURBOQ8_G64: FA_DEQUANT4_TURBOQ(kv##_packed_turboq8_g64, TQ_IDX_TURBOQ8_G64, turboq8_centroids)

@@ -1,6 +1,6 @@
 // TurboQuant (pyturbo) block layouts for the Vulkan shaders; included by types.glsl.
-// The blocks are 34/50/68/130 bytes, so they are declared as 16-bit words: every field stays
-// addressable with 16-bit storage alone. The layouts and the codec are those of
+// The blocks are 34/50/68/130 bytes (18/26/34/66 for the _g64 twins), so they are declared as
+// 16-bit words: every field stays addressable with 16-bit storage alone. The layouts and the codec are those of
 // ggml-common.h and ggml-turboq.c.
 #if !defined(GGML_TURBOQ_TYPES_GLSL)
 #define GGML_TURBOQ_TYPES_GLSL
@@ -10,9 +10,16 @@
 #define GGML_TYPE_TURBOQ3_0 61u
 #define GGML_TYPE_TURBOQ4_0 62u
 #define GGML_TYPE_TURBOQ8_0 63u
-#define TURBOQ_IS(t) ((t) >= GGML_TYPE_TURBOQ2_0 && (t) <= GGML_TYPE_TURBOQ8_0)
+#define GGML_TYPE_TURBOQ2_G64 64u
+#define GGML_TYPE_TURBOQ3_G64 65u
+#define GGML_TYPE_TURBOQ4_G64 66u
+#define GGML_TYPE_TURBOQ8_G64 67u
+#define TURBOQ_IS(t) ((t) >= GGML_TYPE_TURBOQ2_0 && (t) <= GGML_TYPE_TURBOQ8_G64)
+// the group (rotation and block) size of a turboq type
+#define TURBOQ_GROUP_OF(t) ((t) >= GGML_TYPE_TURBOQ2_G64 ? 64u : 128u)
 
 #define QUANT_K_TURBOQ 128
+#define QUANT_K_TURBOQ_G64 64
 
 // qs byte i: 2-bit indices of values i, i+32, i+64, i+96
 struct block_turboq2_0 { float16_t norm; uint16_t qs[16]; };
@@ -32,26 +39,64 @@ struct block_turboq8_0 { float16_t norm; uint16_t qs[64]; };
 #define TQ_IDX_TURBOQ4_0(B, i) ((TQ_BYTE(B.qs, (i) & 63u) >> (((i) >> 6u) * 4u)) & 15u)
 #define TQ_IDX_TURBOQ8_0(B, i) TQ_BYTE(B.qs, (i))
 
+// the _g64 twins: the layouts above with 64 for 128
+// qs byte i: 2-bit indices of values i, i+16, i+32, i+48
+struct block_turboq2_g64 { float16_t norm; uint16_t qs[8]; };
+// qh byte i, bit k: bit 2 of value i+8k
+struct block_turboq3_g64 { float16_t norm; uint16_t qs[8]; uint16_t qh[4]; };
+// qs byte i: value i in the low nibble, value i+32 in the high nibble
+struct block_turboq4_g64 { float16_t norm; uint16_t qs[16]; };
+struct block_turboq8_g64 { float16_t norm; uint16_t qs[32]; };
+
+#define TQ_IDX_TURBOQ2_G64(B, i) ((TQ_BYTE(B.qs, (i) & 15u) >> (((i) >> 4u) * 2u)) & 3u)
+#define TQ_IDX_TURBOQ3_G64(B, i) (TQ_IDX_TURBOQ2_G64(B, i) | (((TQ_BYTE(B.qh, (i) & 7u) >> ((i) >> 3u)) & 1u) << 2u))
+#define TQ_IDX_TURBOQ4_G64(B, i) ((TQ_BYTE(B.qs, (i) & 31u) >> (((i) >> 5u) * 4u)) & 15u)
+#define TQ_IDX_TURBOQ8_G64(B, i) TQ_BYTE(B.qs, (i))
+
 #if defined(DATA_A_TURBOQ2_0)
 #define TQ_TYPE GGML_TYPE_TURBOQ2_0
 #define A_TYPE block_turboq2_0
 #define TQ_IDX TQ_IDX_TURBOQ2_0
+#define QUANT_K QUANT_K_TURBOQ
 #elif defined(DATA_A_TURBOQ3_0)
 #define TQ_TYPE GGML_TYPE_TURBOQ3_0
 #define A_TYPE block_turboq3_0
 #define TQ_IDX TQ_IDX_TURBOQ3_0
+#define QUANT_K QUANT_K_TURBOQ
 #elif defined(DATA_A_TURBOQ4_0)
 #define TQ_TYPE GGML_TYPE_TURBOQ4_0
 #define A_TYPE block_turboq4_0
 #define TQ_IDX TQ_IDX_TURBOQ4_0
+#define QUANT_K QUANT_K_TURBOQ
 #elif defined(DATA_A_TURBOQ8_0)
 #define TQ_TYPE GGML_TYPE_TURBOQ8_0
 #define A_TYPE block_turboq8_0
 #define TQ_IDX TQ_IDX_TURBOQ8_0
+#define QUANT_K QUANT_K_TURBOQ
+#elif defined(DATA_A_TURBOQ2_G64)
+#define TQ_TYPE GGML_TYPE_TURBOQ2_G64
+#define A_TYPE block_turboq2_g64
+#define TQ_IDX TQ_IDX_TURBOQ2_G64
+#define QUANT_K QUANT_K_TURBOQ_G64
+#elif defined(DATA_A_TURBOQ3_G64)
+#define TQ_TYPE GGML_TYPE_TURBOQ3_G64
+#define A_TYPE block_turboq3_g64
+#define TQ_IDX TQ_IDX_TURBOQ3_G64
+#define QUANT_K QUANT_K_TURBOQ_G64
+#elif defined(DATA_A_TURBOQ4_G64)
+#define TQ_TYPE GGML_TYPE_TURBOQ4_G64
+#define A_TYPE block_turboq4_g64
+#define TQ_IDX TQ_IDX_TURBOQ4_G64
+#define QUANT_K QUANT_K_TURBOQ_G64
+#elif defined(DATA_A_TURBOQ8_G64)
+#define TQ_TYPE GGML_TYPE_TURBOQ8_G64
+#define A_TYPE block_turboq8_g64
+#define TQ_IDX TQ_IDX_TURBOQ8_G64
+#define QUANT_K QUANT_K_TURBOQ_G64
 #endif
 #if defined(TQ_TYPE)
 #define DATA_A_TURBOQ
-#define QUANT_K QUANT_K_TURBOQ
+#define TQ_G uint(QUANT_K)
 #define QUANT_R 1
 #endif
 
