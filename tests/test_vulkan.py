@@ -92,12 +92,27 @@ def test_turboq_cache_ops_on_vulkan(vk_bin, op, n_cases):
     assert backend_ops(vk_bin, op, "turboq[2348][,)]") == n_cases
 
 
-@pytest.mark.parametrize("op, n_cases", [("SET_ROWS", 4), ("GET_ROWS", 4), ("CPY", 8), ("FLASH_ATTN_EXT", 24)])
+@pytest.mark.parametrize("op, n_cases", [("SET_ROWS", 8), ("GET_ROWS", 4), ("CPY", 12), ("FLASH_ATTN_EXT", 32)])
 def test_the_64_value_twins_on_vulkan(vk_bin, op, n_cases):
-    """The _g64 twins (head sizes 64 and 192; issue 22): each type's SET_ROWS, GET_ROWS, CPY both
-    ways, and flash attention at head sizes 64 and 192 (batches of 1 and 35), an f16 K beside a
-    twin's V over 200 queries, and llama.cpp's layout at head size 64."""
+    """The _g64 twins (head sizes 64 and 192; issue 22): each type's SET_ROWS (from f32 with i64
+    rows, from f16 with i32 rows), GET_ROWS, CPY from f32 and to f32 and f16, and flash attention
+    at head sizes 64 and 192 (batches of 1 and 35), f16 beside a twin on either side, a q8_0 V,
+    and llama.cpp's layout at head size 64."""
     assert backend_ops(vk_bin, op, "_g64") == n_cases
+
+
+def test_a_twin_at_a_head_size_vulkan_declines_is_refused(vk_bin, monkeypatch):
+    """Head size 320 takes the _g64 twins, whose flash attention Vulkan0 declines there (it takes
+    64 and 192): llama.cpp asks the device and refuses the layer, naming it and what works, instead
+    of letting the scheduler run that attention on the CPU; with the cache kept on the CPU it runs."""
+    monkeypatch.setenv("PYTURBO_BUILD_DIR", str(VK_BUILD))
+    for k, v in vk_env().items():
+        monkeypatch.setenv(k, v)
+    model, text = data.tiny_model(head_dim=320, n_head=2, n_head_kv=1), data.corpus_slice(12000)
+    with pytest.raises(RuntimeError, match=r"layer 0: head size 320: .*turboq3_g64.*Vulkan0, which declines.*--no-kv-offload"):
+        perplexity(model, text, "turboq3", "turboq3", ctx=256, chunks=1, extra=("-ngl", "99"))
+    kept = perplexity(model, text, "turboq3", "turboq3", ctx=256, chunks=1, extra=("-ngl", "99", "--no-kv-offload"))
+    assert kept.ppl > 0
 
 
 def test_turboq_flash_attention_on_vulkan_hs128(vk_bin):

@@ -276,7 +276,7 @@ bool device_takes_kv_types(ggml_backend_dev_t dev, const llama_turboq_layer_type
     ggml_tensor * rows = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_embd_head_k, 1);
     ggml_tensor * idx  = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, 1);
     ggml_tensor * fa   = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0f, 0.0f, 0.0f);
-    ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
+    ggml_prec_set_acc(fa, GGML_PREC_F32); // as llama-graph sets it
     ggml_tensor * set_k = ggml_set_rows(ctx, ggml_view_2d(ctx, k, n_embd_head_k, n_kv, k->nb[1], 0), rows, idx);
     ggml_tensor * rows_v = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_embd_head_v, 1);
     ggml_tensor * set_v = ggml_set_rows(ctx, ggml_view_2d(ctx, v, n_embd_head_v, n_kv, v->nb[1], 0), rows_v, idx);
@@ -300,15 +300,23 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
     if ((!k64 && !v64) || dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
         return;
     }
-    // an RPC server's build may lack the twins whatever its device claims here; other devices
-    // answer for themselves (Vulkan takes the twins, CUDA not yet)
-    if (!is_rpc(dev) && device_takes_kv_types(dev, lt, n_embd_head_k, n_embd_head_v)) {
-        return;
+    const uint32_t n_embd_head = k64 ? n_embd_head_k : n_embd_head_v;
+    const char *   type_name   = ggml_type_name(k64 ? lt.type_k : lt.type_v);
+    // an RPC server's build may lack the twins whatever its device claims here
+    if (is_rpc(dev)) {
+        throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores 64-value groups (%s), and this "
+            "layer runs on %s, an RPC server, whose build may lack them (its attention would run there even with the "
+            "cache kept here); run the layer on this machine or use q8_0 or q4_0, whose 32-value blocks every backend "
+            "takes", il, n_embd_head, type_name, ggml_backend_dev_name(dev)));
     }
-    throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores 64-value groups (%s), which only the "
-        "CPU and Vulkan backends implement so far, and this layer's KV cache is on %s; keep the KV cache on the CPU "
-        "(--no-kv-offload, offload_kqv=False) or use q8_0 or q4_0, whose 32-value blocks every backend takes",
-        il, k64 ? n_embd_head_k : n_embd_head_v, ggml_type_name(k64 ? lt.type_k : lt.type_v), ggml_backend_dev_name(dev)));
+    // other devices answer for themselves
+    if (!device_takes_kv_types(dev, lt, n_embd_head_k, n_embd_head_v)) {
+        throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores 64-value groups (%s), and this "
+            "layer's KV cache is on %s, which declines their SET_ROWS or flash attention (the CPU backend computes "
+            "them, Vulkan at head sizes 64 and 192, CUDA not yet); keep the KV cache on the CPU (--no-kv-offload, "
+            "offload_kqv=False) or use q8_0 or q4_0, whose 32-value blocks every backend takes",
+            il, n_embd_head, type_name, ggml_backend_dev_name(dev)));
+    }
 }
 
 void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t il, uint32_t n_embd_head) {

@@ -1,5 +1,5 @@
 // The rotations around the scalar flash-attention loop for turboq K/V (included by flash_attn.comp
-// before main). q.k = norm_k * (R q).c_k with R q = D2.H.D1.q/sqrt(128), and
+// before main). q.k = norm_k * (R q).c_k with R q = D2.H.D1.q/sqrt(g), and
 // sum_j p_j v_j = R^-1 (sum_j p_j norm_j c_j), both per group of a row (128 values, 64 for the
 // _g64 twins: K's group for Q, V's for the sum).
 // The staging buffer is f32: the unnormalised V sum would overflow f16 inside the butterflies.

@@ -12,25 +12,30 @@ void quantize(uint dst_idx, uint src_idx) {
     const float norm = turboq_encode(TQ_TYPE, v, idx);
     data_q[dst_idx].norm = float16_t(norm);
 
-#if defined(DATA_A_TURBOQ2_0) || defined(DATA_A_TURBOQ3_0)
-    for (uint w = 0; w < 16; ++w) {
+    // The layouts of ggml-common.h, the same in terms of the group G (128, or 64 for the twins):
+    // 2-bit fields qs byte i = values i, i+G/4, i+G/2, i+3G/4; turboq3's qh byte i, bit k = bit 2
+    // of value i + k*G/8; turboq4's qs byte i = value i (low nibble) and i+G/2; turboq8 a byte each.
+#if defined(DATA_A_TURBOQ2_0) || defined(DATA_A_TURBOQ3_0) || defined(DATA_A_TURBOQ2_G64) || defined(DATA_A_TURBOQ3_G64)
+    const uint q4 = TQ_G / 4;
+    for (uint w = 0; w < TQ_G / 8; ++w) {
         uint word = 0;
         for (uint b = 0; b < 2; ++b) {
             const uint j = 2 * w + b;
-            const uint byte = (idx[j] & 3) | ((idx[j + 32] & 3) << 2) | ((idx[j + 64] & 3) << 4) | ((idx[j + 96] & 3) << 6);
+            const uint byte = (idx[j] & 3) | ((idx[j + q4] & 3) << 2) | ((idx[j + 2 * q4] & 3) << 4) | ((idx[j + 3 * q4] & 3) << 6);
             word |= byte << (8 * b);
         }
         data_q[dst_idx].qs[w] = uint16_t(word);
     }
 #endif
-#if defined(DATA_A_TURBOQ3_0)
-    for (uint w = 0; w < 8; ++w) {
+#if defined(DATA_A_TURBOQ3_0) || defined(DATA_A_TURBOQ3_G64)
+    const uint q8 = TQ_G / 8;
+    for (uint w = 0; w < TQ_G / 16; ++w) {
         uint word = 0;
         for (uint b = 0; b < 2; ++b) {
             const uint j = 2 * w + b;
             uint byte = 0;
             for (uint k = 0; k < 8; ++k) {
-                byte |= ((idx[j + 16 * k] >> 2) & 1) << k;
+                byte |= ((idx[j + q8 * k] >> 2) & 1) << k;
             }
             word |= byte << (8 * b);
         }
@@ -39,11 +44,13 @@ void quantize(uint dst_idx, uint src_idx) {
 #endif
 #if defined(DATA_A_TURBOQ4_0)
     data_q[dst_idx].rnorm = float16_t(0.0);
-    for (uint w = 0; w < 32; ++w) {
+#endif
+#if defined(DATA_A_TURBOQ4_0) || defined(DATA_A_TURBOQ4_G64)
+    for (uint w = 0; w < TQ_G / 4; ++w) {
         uint word = 0;
         for (uint b = 0; b < 2; ++b) {
             const uint j = 2 * w + b;
-            word |= ((idx[j] & 15) | ((idx[j + 64] & 15) << 4)) << (8 * b);
+            word |= ((idx[j] & 15) | ((idx[j + TQ_G / 2] & 15) << 4)) << (8 * b);
         }
         data_q[dst_idx].qs[w] = uint16_t(word);
     }
@@ -51,41 +58,6 @@ void quantize(uint dst_idx, uint src_idx) {
 #if defined(DATA_A_TURBOQ8_0) || defined(DATA_A_TURBOQ8_G64)
     for (uint w = 0; w < TQ_G / 2; ++w) {
         data_q[dst_idx].qs[w] = uint16_t(idx[2 * w] | (idx[2 * w + 1] << 8));
-    }
-#endif
-#if defined(DATA_A_TURBOQ2_G64) || defined(DATA_A_TURBOQ3_G64)
-    for (uint w = 0; w < 8; ++w) {
-        uint word = 0;
-        for (uint b = 0; b < 2; ++b) {
-            const uint j = 2 * w + b;
-            const uint byte = (idx[j] & 3) | ((idx[j + 16] & 3) << 2) | ((idx[j + 32] & 3) << 4) | ((idx[j + 48] & 3) << 6);
-            word |= byte << (8 * b);
-        }
-        data_q[dst_idx].qs[w] = uint16_t(word);
-    }
-#endif
-#if defined(DATA_A_TURBOQ3_G64)
-    for (uint w = 0; w < 4; ++w) {
-        uint word = 0;
-        for (uint b = 0; b < 2; ++b) {
-            const uint j = 2 * w + b;
-            uint byte = 0;
-            for (uint k = 0; k < 8; ++k) {
-                byte |= ((idx[j + 8 * k] >> 2) & 1) << k;
-            }
-            word |= byte << (8 * b);
-        }
-        data_q[dst_idx].qh[w] = uint16_t(word);
-    }
-#endif
-#if defined(DATA_A_TURBOQ4_G64)
-    for (uint w = 0; w < 16; ++w) {
-        uint word = 0;
-        for (uint b = 0; b < 2; ++b) {
-            const uint j = 2 * w + b;
-            word |= ((idx[j] & 15) | ((idx[j + 32] & 15) << 4)) << (8 * b);
-        }
-        data_q[dst_idx].qs[w] = uint16_t(word);
     }
 #endif
 }

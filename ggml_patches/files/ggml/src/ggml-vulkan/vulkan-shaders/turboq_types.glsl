@@ -33,24 +33,27 @@ struct block_turboq8_0 { float16_t norm; uint16_t qs[64]; };
 // byte j of a 16-bit word array
 #define TQ_BYTE(W, j) ((uint(W[(j) >> 1u]) >> (((j) & 1u) * 8u)) & 0xFFu)
 
-// the codebook index of value i (0..127) of block B
-#define TQ_IDX_TURBOQ2_0(B, i) ((TQ_BYTE(B.qs, (i) & 31u) >> (((i) >> 5u) * 2u)) & 3u)
-#define TQ_IDX_TURBOQ3_0(B, i) (TQ_IDX_TURBOQ2_0(B, i) | (((TQ_BYTE(B.qh, (i) & 15u) >> ((i) >> 4u)) & 1u) << 2u))
-#define TQ_IDX_TURBOQ4_0(B, i) ((TQ_BYTE(B.qs, (i) & 63u) >> (((i) >> 6u) * 4u)) & 15u)
+// the codebook index of value i of block B of a group of G values (128, or 64 for the _g64 twins):
+// 2-bit fields qs byte i = values i, i+G/4, i+G/2, i+3G/4; turboq3's qh byte i, bit k = bit 2 of
+// value i + k*G/8; turboq4's qs byte i = value i (low nibble) and i+G/2
+#define TQ_IDX2_G(B, i, G) ((TQ_BYTE(B.qs, (i) % ((G) / 4u)) >> (((i) / ((G) / 4u)) * 2u)) & 3u)
+#define TQ_IDX3_G(B, i, G) (TQ_IDX2_G(B, i, G) | (((TQ_BYTE(B.qh, (i) % ((G) / 8u)) >> ((i) / ((G) / 8u))) & 1u) << 2u))
+#define TQ_IDX4_G(B, i, G) ((TQ_BYTE(B.qs, (i) % ((G) / 2u)) >> (((i) / ((G) / 2u)) * 4u)) & 15u)
+
+#define TQ_IDX_TURBOQ2_0(B, i) TQ_IDX2_G(B, i, 128u)
+#define TQ_IDX_TURBOQ3_0(B, i) TQ_IDX3_G(B, i, 128u)
+#define TQ_IDX_TURBOQ4_0(B, i) TQ_IDX4_G(B, i, 128u)
 #define TQ_IDX_TURBOQ8_0(B, i) TQ_BYTE(B.qs, (i))
 
-// the _g64 twins: the layouts above with 64 for 128
-// qs byte i: 2-bit indices of values i, i+16, i+32, i+48
+// the _g64 twins: the layouts above with 64 for 128 (no reserved field in turboq4_g64)
 struct block_turboq2_g64 { float16_t norm; uint16_t qs[8]; };
-// qh byte i, bit k: bit 2 of value i+8k
 struct block_turboq3_g64 { float16_t norm; uint16_t qs[8]; uint16_t qh[4]; };
-// qs byte i: value i in the low nibble, value i+32 in the high nibble
 struct block_turboq4_g64 { float16_t norm; uint16_t qs[16]; };
 struct block_turboq8_g64 { float16_t norm; uint16_t qs[32]; };
 
-#define TQ_IDX_TURBOQ2_G64(B, i) ((TQ_BYTE(B.qs, (i) & 15u) >> (((i) >> 4u) * 2u)) & 3u)
-#define TQ_IDX_TURBOQ3_G64(B, i) (TQ_IDX_TURBOQ2_G64(B, i) | (((TQ_BYTE(B.qh, (i) & 7u) >> ((i) >> 3u)) & 1u) << 2u))
-#define TQ_IDX_TURBOQ4_G64(B, i) ((TQ_BYTE(B.qs, (i) & 31u) >> (((i) >> 5u) * 4u)) & 15u)
+#define TQ_IDX_TURBOQ2_G64(B, i) TQ_IDX2_G(B, i, 64u)
+#define TQ_IDX_TURBOQ3_G64(B, i) TQ_IDX3_G(B, i, 64u)
+#define TQ_IDX_TURBOQ4_G64(B, i) TQ_IDX4_G(B, i, 64u)
 #define TQ_IDX_TURBOQ8_G64(B, i) TQ_BYTE(B.qs, (i))
 
 #if defined(DATA_A_TURBOQ2_0)
