@@ -16,12 +16,14 @@ __all__ = ["flash_attn"]
 
 def flash_attn(q: np.ndarray, k: np.ndarray, v: np.ndarray, type_k: str, type_v: str,
                scale: float | None = None, n_threads: int = 1, mask: np.ndarray | None = None,
-               softcap: float = 0.0, reference: bool = False) -> np.ndarray:
+               softcap: float = 0.0, reference: bool = False, v_in_k: bool = False) -> np.ndarray:
     """ggml_flash_attn_ext on the CPU with K/V stored as type_k/type_v.
 
     q: [n_head, n_q, d_k]; k: [n_head_kv, n_kv, d_k]; v: [n_head_kv, n_kv, d_v] (float32).
     mask: additive, [n_q, n_kv] or [n_head, n_q, n_kv] (-inf hides a cached row); stored as f16.
     reference: run ggml's reference path (the one-row kernel) instead of the optimized ones.
+    v_in_k: V is not stored on its own but read as a view of K's first d_v values in each row, K's
+    type and K's row stride, as llama.cpp runs MLA (v must equal k[..., :d_v]; type_v is type_k).
     Returns [n_head, n_q, d_v].
     """
     g = ggml()
@@ -42,9 +44,17 @@ def flash_attn(q: np.ndarray, k: np.ndarray, v: np.ndarray, type_k: str, type_v:
     try:
         tq = b.ggml_new_tensor_4d(ctx, 0, dk, n_q, n_head, 1)
         tk_ = b.ggml_new_tensor_4d(ctx, tk.ggml_id, dk, n_kv, n_head_kv, 1)
-        tv_ = b.ggml_new_tensor_4d(ctx, tv.ggml_id, dv, n_kv, n_head_kv, 1)
         C.memmove(b.ggml_get_data(tq), ptr(np.ascontiguousarray(q, dtype=np.float32)), q.size * 4)
-        for tensor, arr, t in ((tk_, k, tk), (tv_, v, tv)):
+        stored = [(tk_, k, tk)]
+        if v_in_k:
+            if type_v != type_k or not np.array_equal(v, k[..., :dv]):
+                raise ValueError("v_in_k: v must be k[..., :d_v] and type_v must be type_k")
+            row = b.ggml_row_size(tk.ggml_id, dk)
+            tv_ = b.ggml_view_4d(ctx, tk_, dv, n_kv, n_head_kv, 1, row, row * n_kv, row * n_kv * n_head_kv, 0)
+        else:
+            tv_ = b.ggml_new_tensor_4d(ctx, tv.ggml_id, dv, n_kv, n_head_kv, 1)
+            stored.append((tv_, v, tv))
+        for tensor, arr, t in stored:
             raw = encode(np.ascontiguousarray(arr, dtype=np.float32).reshape(-1), t)
             assert raw.size == b.ggml_nbytes(tensor)
             C.memmove(b.ggml_get_data(tensor), ptr(raw), raw.size)

@@ -151,16 +151,7 @@ def tiny_model(head_dim: int = 128, n_layer: int = 2, n_head: int = 4, n_head_kv
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(0)
-    w.add_vocab_size(n_vocab)
-    # a byte-level vocabulary: token i is byte i-3 (after <unk>, <s>, </s>)
-    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(n_vocab - 3)]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * n_vocab)
-    w.add_token_types([2, 3, 3] + [6] * (n_vocab - 3))
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    _byte_vocab(w, n_vocab)
     if layer_adaptive is not None:
         from .layer_adaptive import key as la_key
         w.add_uint32(la_key(), layer_adaptive)
@@ -181,6 +172,92 @@ def tiny_model(head_dim: int = 128, n_layer: int = 2, n_head: int = 4, n_head_kv
         t(f"blk.{i}.ffn_down.weight", n_embd, n_ff, scale=1.0 / np.sqrt(n_ff))
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     t("output.weight", n_vocab, n_embd, scale=1.0 / np.sqrt(n_embd))
+    return _written(w, target)
+
+
+def tiny_mla_model(n_layer: int = 2, n_head: int = 2, n_embd: int = 128, kv_lora_rank: int = 512,
+                   rope_dim: int = 64, qk_nope_dim: int = 32, v_head_dim: int = 32, n_vocab: int = 256,
+                   seed: int = 0) -> Path:
+    """A random DeepSeek-V2-architecture GGUF with multi-head latent attention, as llama.cpp runs it:
+    one cached K row of kv_lora_rank + rope_dim values per token (576 for DeepSeek-V2/V3), and V a
+    view of its first kv_lora_rank (512). Dense feed-forward in every layer (no experts), f32
+    weights, the byte-level vocabulary of tiny_model."""
+    import numpy as np
+    import gguf
+
+    n_ff = 2 * n_embd
+    q_lora_rank = n_embd // 2
+    spec = ("mla", n_layer, n_head, n_embd, kv_lora_rank, rope_dim, qk_nope_dim, v_head_dim, n_vocab, seed, 1)
+    key = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
+    target = cache_dir() / f"tiny-deepseek2-k{kv_lora_rank + rope_dim}-{key}.gguf"
+    if target.exists():
+        return target
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(target) + ".tmp", "deepseek2")
+    w.add_name("pyturbo-tiny-mla")
+    w.add_context_length(4096)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_leading_dense_block_count(n_layer)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(1)  # MLA with the absorption: one latent K row, shared by the heads
+    w.add_key_length(kv_lora_rank + rope_dim)
+    w.add_value_length(kv_lora_rank)
+    w.add_key_length_mla(qk_nope_dim + rope_dim)
+    w.add_value_length_mla(v_head_dim)
+    w.add_q_lora_rank(q_lora_rank)
+    w.add_kv_lora_rank(kv_lora_rank)
+    w.add_rope_dimension_count(rope_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_feed_forward_length(n_ff)
+    w.add_expert_shared_count(0)
+    w.add_file_type(0)
+    _byte_vocab(w, n_vocab)
+
+    def t(name: str, *shape: int, scale: float) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def ones(name: str, n: int) -> None:
+        w.add_tensor(name, np.ones(n, dtype=np.float32))
+
+    t("token_embd.weight", n_vocab, n_embd, scale=1.0)
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        ones(b + "attn_norm.weight", n_embd)
+        ones(b + "ffn_norm.weight", n_embd)
+        ones(b + "attn_q_a_norm.weight", q_lora_rank)
+        ones(b + "attn_kv_a_norm.weight", kv_lora_rank)
+        t(b + "attn_q_a.weight", q_lora_rank, n_embd, scale=1.0 / np.sqrt(n_embd))
+        t(b + "attn_q_b.weight", n_head * (qk_nope_dim + rope_dim), q_lora_rank, scale=1.0 / np.sqrt(q_lora_rank))
+        t(b + "attn_kv_a_mqa.weight", kv_lora_rank + rope_dim, n_embd, scale=1.0 / np.sqrt(n_embd))
+        # ggml shapes {qk_nope, kv_lora_rank, n_head} and {kv_lora_rank, v_head_dim, n_head}
+        t(b + "attn_k_b.weight", n_head, kv_lora_rank, qk_nope_dim, scale=1.0 / np.sqrt(qk_nope_dim))
+        t(b + "attn_v_b.weight", n_head, v_head_dim, kv_lora_rank, scale=1.0 / np.sqrt(kv_lora_rank))
+        t(b + "attn_output.weight", n_embd, n_head * v_head_dim, scale=1.0 / np.sqrt(n_head * v_head_dim))
+        t(b + "ffn_gate.weight", n_ff, n_embd, scale=1.0 / np.sqrt(n_embd))
+        t(b + "ffn_up.weight", n_ff, n_embd, scale=1.0 / np.sqrt(n_embd))
+        t(b + "ffn_down.weight", n_embd, n_ff, scale=1.0 / np.sqrt(n_ff))
+    ones("output_norm.weight", n_embd)
+    t("output.weight", n_vocab, n_embd, scale=1.0 / np.sqrt(n_embd))
+    return _written(w, target)
+
+
+def _byte_vocab(w, n_vocab: int) -> None:
+    # a byte-level vocabulary: token i is byte i-3 (after <unk>, <s>, </s>)
+    w.add_vocab_size(n_vocab)
+    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(n_vocab - 3)]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types([2, 3, 3] + [6] * (n_vocab - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+
+def _written(w, target: Path) -> Path:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

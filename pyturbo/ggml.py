@@ -58,6 +58,8 @@ class Ggml:
         b.ggml_new_tensor_4d.argtypes = [vp, C.c_int, i64, i64, i64, i64]
         b.ggml_get_data.restype = vp
         b.ggml_get_data.argtypes = [vp]
+        b.ggml_view_4d.restype = vp
+        b.ggml_view_4d.argtypes = [vp, vp, i64, i64, i64, i64, C.c_size_t, C.c_size_t, C.c_size_t, C.c_size_t]
         b.ggml_flash_attn_ext.restype = vp
         b.ggml_flash_attn_ext.argtypes = [vp, vp, vp, vp, vp, C.c_float, C.c_float, C.c_float]
         b.ggml_new_graph.restype = vp

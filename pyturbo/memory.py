@@ -4,7 +4,8 @@ Follows llama.cpp's rules for this pin: the cache holds n_ctx cells padded to 25
 sliding-window layers (Gemma 3: every 6th layer is global) gets a second cache for those layers
 of min(n_ctx, n_swa * n_seq + n_ubatch) cells, padded the same way. Each layer stores
 n_head_kv * head_dim values of K and of V per cell, in blocks of the cache type (of its _g64 twin for
-a turboq type where the head size is a multiple of 64 but not of 128).
+a turboq type where the head size is a multiple of 64 but not of 128). An MLA model (DeepSeek-V2/V3:
+the GGUF has a kv_lora_rank) caches K alone, in K's type; its attention reads V out of K's rows.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class KvGeometry:
     head_dim_v: int
     n_swa: int
     swa_pattern: int
+    mla: bool = False  # K alone is cached; V is a view of it
 
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and self.swa_pattern > 0 and (il + 1) % self.swa_pattern != 0
@@ -50,8 +52,10 @@ def kv_geometry(model: str | Path) -> KvGeometry:
     head_dim_v = field(f"{arch}.attention.value_length", head_dim_k)
     n_swa = field(f"{arch}.attention.sliding_window", 0) or 0
     pattern = SWA_PATTERNS.get(arch, 0)
+    # llama.cpp's hparams.is_mla(): both MLA head lengths are set
+    mla = field(f"{arch}.attention.key_length_mla") is not None and field(f"{arch}.attention.value_length_mla") is not None
     return KvGeometry(arch, field(f"{arch}.block_count"), field(f"{arch}.attention.head_count_kv", n_head),
-                      head_dim_k, head_dim_v, n_swa if pattern else 0, pattern)
+                      head_dim_k, head_dim_v, n_swa if pattern else 0, pattern, mla)
 
 
 def _pad(n: int) -> int:
@@ -103,7 +107,7 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
         if ranked:
             # the boundary type may be smaller than the requested one: bound each by the larger
             tk = max((tk, cache_type_k), key=lambda t: row_bytes(t, g.head_dim_k))
-        total += cells[il] * (row_bytes(tk, g.head_dim_k) + row_bytes(tv, g.head_dim_v))
+        total += cells[il] * (row_bytes(tk, g.head_dim_k) + (0 if g.mla else row_bytes(tv, g.head_dim_v)))
     return total
 
 

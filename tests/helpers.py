@@ -80,6 +80,14 @@ def post(url: str, body: bytes | dict, headers: dict | None = None) -> tuple[int
 
 # ---- numbers ----
 
+def last_logits(llm) -> np.ndarray:
+    """The logits of a pyturbo.Llama's last evaluated token, from llama.cpp itself. (llm.scores
+    holds them only with logits_all=True; otherwise it is an uninitialised buffer.)"""
+    import llama_cpp  # loaded by pyturbo.llama (which sets LLAMA_CPP_LIB_PATH) before this runs
+    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+    return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
+
+
 def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     lp = p_logits.astype(np.float64) - p_logits.max()
     lq = q_logits.astype(np.float64) - q_logits.max()

@@ -15,15 +15,9 @@ import numpy as np
 import pytest
 
 from pyturbo import data
-from helpers import kl
+from helpers import kl, last_logits
 
 N_DROP, N_KEEP, N_NEXT = 64, 160, 16
-
-
-def last_logits(llm) -> np.ndarray:
-    import llama_cpp  # loaded by pyturbo.llama (which sets LLAMA_CPP_LIB_PATH) before this runs
-    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-    return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
 
 
 @lru_cache(maxsize=None)
@@ -63,10 +57,14 @@ def mean_kl(p: np.ndarray, q: np.ndarray) -> float:
     return float(np.mean([kl(a, b) for a, b in zip(p, q)]))
 
 
-@pytest.mark.parametrize("model_name", ["tiny-llama-hd128", "gemma3-270m"])
+MODELS = {"tiny-llama-hd128": lambda: data.tiny_model(head_dim=128), "gemma3-270m": data.default_model,
+          "tiny-mla-k576": data.tiny_mla_model}  # MLA: RoPE on the last 64 of K's 576 values, in 64-value groups
+
+
+@pytest.mark.parametrize("model_name", list(MODELS))
 @pytest.mark.parametrize("t", ["turboq8", "turboq4", "turboq3"])
 def test_turboq_cache_shifts_like_f16(build_info, model_name, t):
-    model = str(data.tiny_model(head_dim=128) if model_name.startswith("tiny") else data.default_model())
+    model = str(MODELS[model_name]())
     shifted, fresh = shifted_and_fresh(model, t)
     f16_shifted, f16_fresh = shifted_and_fresh(model, "f16")
     assert np.std(shifted) > 0.1 and np.std(fresh) > 0.1  # real logits, not an empty buffer

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pyturbo import data
-from helpers import MAIN_JOB, free_port, k_records, post, server_cmd, start, stop, wait_healthy
+from helpers import MAIN_JOB, free_port, k_records, last_logits, post, server_cmd, start, stop, wait_healthy
 
 QUESTION = "The capital of France is"
 OTHERS = ["Ever since I was a child,", "1, 2, 3, 4, 5,", "The recipe calls for"]
@@ -103,9 +103,7 @@ def logits_of(llm, text: str) -> np.ndarray:
         n += 1
     llm.n_tokens = n
     llm.eval(tokens[n:])
-    import llama_cpp  # loaded by pyturbo.llama (which sets LLAMA_CPP_LIB_PATH) before this runs
-    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-    return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
+    return last_logits(llm)
 
 
 @pytest.mark.parametrize("k,v", [("f16", "f16"), ("turboq3", "turboq3"), ("turboq3", "turboq4"), ("turboq2", "q8_0")])

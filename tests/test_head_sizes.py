@@ -21,6 +21,7 @@ from pyturbo.bench.cpu import parse_config
 from pyturbo.memory import kv_bytes
 from pyturbo.tools import kv_mib, llama_perplexity as perplexity, run_tool
 from pyturbo.types import TURBOQ_G64_TYPES, TURBOQ_TYPES, layer_cache_type
+from helpers import last_logits
 
 
 @pytest.mark.parametrize("type_name", TURBOQ_G64_TYPES)
@@ -115,6 +116,33 @@ def test_flash_attention_matches_numpy_on_dequantized_cache(lib, type_k, type_v,
     assert err < tol * max(1.0, np.abs(want).max()), f"max abs err {err}"
 
 
+MLA_DK, MLA_DV = 576, 512  # DeepSeek-V2/V3: kv_lora_rank 512 + 64 rotary values
+
+
+@pytest.mark.parametrize("type_k", TURBOQ_G64_TYPES + ("f16", "q8_0"))
+@pytest.mark.parametrize("n_q", [1, 19])
+@pytest.mark.parametrize("one_row", [False, True], ids=["tiled", "one_row"])
+def test_mla_flash_attention_reads_v_out_of_k(lib, type_k, n_q, one_row):
+    """MLA as llama.cpp runs it: one cached K row of 576 values shared by the query heads, and V a
+    view of each row's first 512, in K's type and at K's row stride (the _g64 twin at 576)."""
+    rng = np.random.default_rng(n_q)
+    n_head, n_kv = 4, 300
+    q = rng.standard_normal((n_head, n_q, MLA_DK)).astype(np.float32)
+    k = (rng.standard_normal((1, n_kv, MLA_DK)) * 0.5).astype(np.float32)
+    v = k[..., :MLA_DV]
+    scale = 1.0 / np.sqrt(192)  # DeepSeek's: its MHA head size (128 + 64), not 576
+    stored = layer_cache_type(type_k.removesuffix("_g64"), MLA_DK).name
+    out = attention.flash_attn(q, k, v, stored, stored, scale=scale, n_threads=2, reference=one_row, v_in_k=True)
+    kd = _decoded(k, stored)
+    want = _numpy_attention(q, kd, kd[..., :MLA_DV], scale)
+    err = np.abs(out - want).max()
+    tol = 2e-3 if type_k in ("f16", "q8_0") else 1e-4  # upstream's paths round Q to f16 or q8_0
+    assert err < tol * max(1.0, np.abs(want).max()), f"max abs err {err}"
+    # a V stored on its own from the same values holds the same bytes: the view changes nothing
+    alone = attention.flash_attn(q, k, v, stored, stored, scale=scale, n_threads=2, reference=one_row)
+    np.testing.assert_array_equal(out, alone)
+
+
 # ---- llama.cpp end to end ----
 
 @pytest.fixture(scope="module")
@@ -182,6 +210,69 @@ def test_other_head_sizes_are_refused_with_their_head_size(tiny, short_text, hea
     assert f"this model's is {head_dim}; caches that work with it: {works}" in out
 
 
+@pytest.fixture(scope="module")
+def mla_model(build_info):
+    return data.tiny_mla_model()
+
+
+MLA_TYPES = ["q8_0", "q4_0", "turboq8", "turboq4", "turboq3", "turboq2"]
+
+
+@pytest.fixture(scope="module")
+def mla_runs(mla_model, short_text, tmp_path_factory):
+    base = tmp_path_factory.mktemp("kld-mla") / "f16.kld"
+    out = {"f16": perplexity(mla_model, short_text, "f16", "f16", ctx=128, chunks=4, kld_base=base, write_base=True)}
+    for t in MLA_TYPES:
+        out[t] = perplexity(mla_model, short_text, t, t, ctx=128, chunks=4, kld_base=base)
+    for t, r in out.items():
+        print(f"tiny MLA (K 576, V 512) c=128 x4 {t:8s} PPL {r.ppl:8.3f}  KLD {r.kld}  KV {r.kv_mib:.3f} MiB")
+    return out
+
+
+def test_mla_caches_k_alone_in_64_value_groups(mla_model, mla_runs):
+    for t in MLA_TYPES:
+        r = mla_runs[t]
+        assert r.kld is not None and np.isfinite(r.ppl), t
+        n_ctx = int(re.search(r"llama_context: n_ctx += (\d+)", r.log).group(1))
+        assert r.kv_mib == pytest.approx(kv_bytes(mla_model, n_ctx, t, t) / 2**20, abs=0.011), t
+    log = mla_runs["turboq3"].log
+    assert "head size 576: K turboq3_g64 (turboq in 64-value groups), read as V through its first 512 values (MLA)" in log
+    assert "K means calibrated" not in log  # no centering: V is read out of K
+    # 26 bytes per 64 values, K alone: 3.25 bits per value, against f16's 16
+    assert kv_bytes(mla_model, 4096, "turboq3", "turboq3") * 16 == kv_bytes(mla_model, 4096, "f16", "f16") * 3.25
+    kld = {t: mla_runs[t].kld for t in MLA_TYPES}
+    assert kld["turboq8"] < kld["turboq4"] < kld["turboq3"] < kld["turboq2"], kld
+    assert kld["turboq8"] < 1e-4 and kld["turboq4"] < 2 * kld["q4_0"], kld
+
+
+def test_mla_k_and_v_types_must_match(mla_model, short_text):
+    # upstream's rule for MLA (V is K): a turboq K beside another V is refused, not run on a guess
+    r = run_tool("llama-perplexity", "-m", str(mla_model), "-f", str(short_text), "-c", "128", "-fa", "on",
+                 "-ctk", "turboq3", "-ctv", "q8_0", check=False)
+    assert r.returncode > 0
+    assert "model does not support different K (turboq3) and V (q8_0) cache types" in r.stdout + r.stderr
+
+
+def test_pyturbo_llama_on_mla_restores_state_bit_identically(Llama, mla_model):
+    llm = Llama(str(mla_model), n_ctx=512, n_threads=2, verbose=False, seed=1, flash_attn=True,
+                cache_type_k="turboq3", cache_type_v="turboq3")
+    tokens = llm.tokenize(b"The old man looked at the sea and said that the fish")
+    llm.eval(tokens[:-3])
+    state = llm.save_state()
+    llm.eval(tokens[-3:])
+    first = last_logits(llm)
+    llm.reset()
+    llm.eval(llm.tokenize(b"Something else entirely, to overwrite the cache before the restore"))
+    llm.load_state(state)
+    llm.eval(tokens[-3:])
+    np.testing.assert_array_equal(last_logits(llm), first)
+    llm.reset()
+    a = llm.create_completion("Once upon a time", max_tokens=24, temperature=0.0)["choices"][0]["text"]
+    llm.reset()
+    b = llm.create_completion("Once upon a time", max_tokens=24, temperature=0.0)["choices"][0]["text"]
+    assert a == b and len(llm.tokenize(a.encode(), add_bos=False)) > 8
+
+
 def test_pyturbo_llama_on_smollm2_restores_state_bit_identically(Llama, smollm2):
     llm = Llama(str(smollm2), n_ctx=512, n_threads=2, verbose=False, seed=1,
                 cache_type_k="turboq3", cache_type_v="turboq4")
@@ -189,12 +280,12 @@ def test_pyturbo_llama_on_smollm2_restores_state_bit_identically(Llama, smollm2)
     llm.eval(tokens[:-3])
     state = llm.save_state()
     llm.eval(tokens[-3:])
-    first = np.array(llm.scores[llm.n_tokens - 1], copy=True)
+    first = last_logits(llm)
     llm.reset()
     llm.eval(llm.tokenize(b"Something else entirely, to overwrite the cache before the restore"))
     llm.load_state(state)
     llm.eval(tokens[-3:])
-    np.testing.assert_array_equal(np.array(llm.scores[llm.n_tokens - 1]), first)
+    np.testing.assert_array_equal(last_logits(llm), first)
     llm.reset()
     a = llm.create_completion("Once upon a time", max_tokens=16, temperature=0.0)["choices"][0]["text"]
     llm.reset()

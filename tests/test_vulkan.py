@@ -92,12 +92,13 @@ def test_turboq_cache_ops_on_vulkan(vk_bin, op, n_cases):
     assert backend_ops(vk_bin, op, "turboq[2348][,)]") == n_cases
 
 
-@pytest.mark.parametrize("op, n_cases", [("SET_ROWS", 8), ("GET_ROWS", 4), ("CPY", 12), ("FLASH_ATTN_EXT", 32)])
+@pytest.mark.parametrize("op, n_cases", [("SET_ROWS", 8), ("GET_ROWS", 4), ("CPY", 12), ("FLASH_ATTN_EXT", 40)])
 def test_the_64_value_twins_on_vulkan(vk_bin, op, n_cases):
     """The _g64 twins (head sizes 64 and 192; issue 22): each type's SET_ROWS (from f32 with i64
     rows, from f16 with i32 rows), GET_ROWS, CPY from f32 and to f32 and f16, and flash attention
     at head sizes 64 and 192 (batches of 1 and 35), f16 beside a twin on either side, a q8_0 V,
-    and llama.cpp's layout at head size 64."""
+    llama.cpp's layout at head size 64, and MLA's K of 576 read as V through a view of its first
+    512 (batches of 1 and 35)."""
     assert backend_ops(vk_bin, op, "_g64") == n_cases
 
 
@@ -113,6 +114,28 @@ def test_a_twin_at_a_head_size_vulkan_declines_is_refused(vk_bin, monkeypatch):
         perplexity(model, text, "turboq3", "turboq3", ctx=256, chunks=1, extra=("-ngl", "99"))
     kept = perplexity(model, text, "turboq3", "turboq3", ctx=256, chunks=1, extra=("-ngl", "99", "--no-kv-offload"))
     assert kept.ppl > 0
+
+
+def test_mla_cache_and_attention_on_vulkan_give_the_cpu_cache_logits(vk_bin, tmp_path, monkeypatch):
+    """A tiny MLA model (DeepSeek-V2 layout, K of 576, V its view) with a turboq3 cache, all on
+    Vulkan0, against the same build with the cache and its attention on the CPU (--no-kv-offload):
+    the weights' products run on Vulkan0 in both, so what differs is the cache and the attention.
+    (Against the CPU-only build the weights' products differ too, which turboq's indices amplify:
+    KLD 3e-4 with either cache placement, against 1e-6 for f16.)"""
+    monkeypatch.setenv("PYTURBO_BUILD_DIR", str(VK_BUILD))
+    for k, v in vk_env().items():
+        monkeypatch.setenv(k, v)
+    model, text = data.tiny_mla_model(), data.corpus_slice(12000)
+    run = dict(ctx=256, chunks=4, threads=2)
+    base = tmp_path / "cpu-cache.kld"
+    cpu = perplexity(model, text, "turboq3", "turboq3", kld_base=base, write_base=True,
+                     extra=("-ngl", "99", "--no-kv-offload"), **run)
+    vk = perplexity(model, text, "turboq3", "turboq3", kld_base=base, extra=("-ngl", "99"), **run)
+    assert "Vulkan0 KV buffer size" in vk.log and "Vulkan0 KV buffer size" not in cpu.log, vk.log[-3000:]
+    assert "head size 576: K turboq3_g64 (turboq in 64-value groups), read as V through its first 512 values" in vk.log
+    print(f"\nMLA turboq3: PPL cache on CPU {cpu.ppl:.4f} | on Vulkan0 {vk.ppl:.4f} | KLD {vk.kld:.3g}")
+    assert abs(vk.ppl / cpu.ppl - 1) < PPL_REL_TOL
+    assert vk.kld is not None and vk.kld < KLD_TOL
 
 
 def test_turboq_flash_attention_on_vulkan_hs128(vk_bin):

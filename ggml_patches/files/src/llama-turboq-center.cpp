@@ -507,7 +507,7 @@ bool llama_turboq_k_centering(ggml_type type_k) {
 }
 
 void llama_turboq_calibrate_k_means(llama_model & model, const llama_context_params & params) {
-    if (llama_turboq_calibrating() || !llama_turboq_k_centering(params.type_k) || model.hparams.no_alloc) {
+    if (llama_turboq_calibrating() || !llama_turboq_k_centering(params.type_k) || model.hparams.no_alloc || model.hparams.is_mla()) {
         return;
     }
     std::lock_guard<std::mutex> lock(g_calibration_mutex);

@@ -245,9 +245,16 @@ uint32_t llama_turboq_head_block(ggml_type type, uint32_t n_embd_head) {
 }
 
 llama_turboq_layer_types llama_turboq_fit_heads(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k,
-                                                uint32_t n_embd_head_v) {
-    const llama_turboq_layer_types fit = { llama_turboq_type_for_head(lt.type_k, n_embd_head_k),
-                                           llama_turboq_type_for_head(lt.type_v, n_embd_head_v) };
+                                                uint32_t n_embd_head_v, bool is_mla) {
+    const ggml_type type_k = llama_turboq_type_for_head(lt.type_k, n_embd_head_k);
+    if (is_mla) {
+        if (type_k != lt.type_k) {
+            LLAMA_LOG_INFO("%s: layer %3u: head size %u: K %s (turboq in 64-value groups), read as V through its first %u "
+                           "values (MLA)\n", __func__, il, n_embd_head_k, ggml_type_name(type_k), n_embd_head_v);
+        }
+        return { type_k, type_k };
+    }
+    const llama_turboq_layer_types fit = { type_k, llama_turboq_type_for_head(lt.type_v, n_embd_head_v) };
     if (fit.type_k != lt.type_k || fit.type_v != lt.type_v) {
         LLAMA_LOG_INFO("%s: layer %3u: head size %u: K %s, V %s (turboq in 64-value groups)\n", __func__, il,
                        fit.type_k != lt.type_k ? n_embd_head_k : n_embd_head_v, ggml_type_name(fit.type_k), ggml_type_name(fit.type_v));
@@ -288,20 +295,15 @@ bool device_takes_kv_types(ggml_backend_dev_t dev, const llama_turboq_layer_type
 
 } // namespace
 
-void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_backend_dev_t dev, uint32_t il,
-                                     uint32_t n_embd_head_k, uint32_t n_embd_head_v, bool is_mla) {
-    const bool k64 = ggml_turboq_group(lt.type_k) == QK_G64;
-    const bool v64 = ggml_turboq_group(lt.type_v) == QK_G64;
-    if (is_mla && (ggml_turboq_group(lt.type_k) || ggml_turboq_group(lt.type_v))) {
-        // untested, and K centering would shift the V that MLA reads out of the centered K
-        throw std::runtime_error(format("layer %u: turboq caches for MLA models (K of %u values) are not supported yet; "
-            "use q8_0 or q4_0, whose 32-value blocks work with it", il, n_embd_head_k));
-    }
+void llama_turboq_check_layer_device(const llama_turboq_layer_types & kv, ggml_backend_dev_t dev, uint32_t il,
+                                     uint32_t n_embd_head_k, uint32_t n_embd_head_v) {
+    const bool k64 = ggml_turboq_group(kv.type_k) == QK_G64;
+    const bool v64 = ggml_turboq_group(kv.type_v) == QK_G64;
     if ((!k64 && !v64) || dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
         return;
     }
     const uint32_t n_embd_head = k64 ? n_embd_head_k : n_embd_head_v;
-    const char *   type_name   = ggml_type_name(k64 ? lt.type_k : lt.type_v);
+    const char *   type_name   = ggml_type_name(k64 ? kv.type_k : kv.type_v);
     // an RPC server's build may lack the twins whatever its device claims here
     if (is_rpc(dev)) {
         throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores 64-value groups (%s), and this "
@@ -310,10 +312,10 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
             "takes", il, n_embd_head, type_name, ggml_backend_dev_name(dev)));
     }
     // other devices answer for themselves
-    if (!device_takes_kv_types(dev, lt, n_embd_head_k, n_embd_head_v)) {
+    if (!device_takes_kv_types(dev, kv, n_embd_head_k, n_embd_head_v)) {
         throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores 64-value groups (%s), and this "
             "layer's KV cache is on %s, which declines their SET_ROWS or flash attention (the CPU backend computes "
-            "them, Vulkan at head sizes 64 and 192, CUDA not yet); keep the KV cache on the CPU (--no-kv-offload, "
+            "them, Vulkan at head sizes 64 and 192 and MLA's 576, CUDA not yet); keep the KV cache on the CPU (--no-kv-offload, "
             "offload_kqv=False) or use q8_0 or q4_0, whose 32-value blocks every backend takes",
             il, n_embd_head, type_name, ggml_backend_dev_name(dev)));
     }

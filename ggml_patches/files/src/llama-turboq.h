@@ -67,9 +67,10 @@ ggml_type llama_turboq_type_for_head(ggml_type type, uint32_t n_embd_head);
 uint32_t llama_turboq_head_block(ggml_type type, uint32_t n_embd_head);
 
 // lt with each type fitted to layer il's head sizes (llama_turboq_type_for_head); logs the stored
-// types when that changes one
+// types when that changes one. is_mla: the layer caches K alone and its attention reads V out of
+// each K row's first n_embd_head_v values, so V is K's type
 llama_turboq_layer_types llama_turboq_fit_heads(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k,
-                                                uint32_t n_embd_head_v);
+                                                uint32_t n_embd_head_v, bool is_mla);
 
 // whether dev is an RPC server's device
 bool llama_turboq_is_rpc(ggml_backend_dev_t dev);
@@ -78,10 +79,9 @@ bool llama_turboq_is_rpc(ggml_backend_dev_t dev);
 // cache takes a _g64 type would have it on a device that does not compute it (`dev`: the layer's
 // KV device, NULL when the cache stays on the CPU; asked through supports_op: Vulkan does, CUDA
 // not yet), or on an RPC server's layer even with the cache here (its flash attention would run
-// on the server, which may not have the type); and for any turboq type in an MLA model (not
-// supported yet)
+// on the server, which may not have the type)
 void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_backend_dev_t dev, uint32_t il,
-                                     uint32_t n_embd_head_k, uint32_t n_embd_head_v, bool is_mla);
+                                     uint32_t n_embd_head_k, uint32_t n_embd_head_v);
 
 // logs, after upstream's "block size does not divide n_embd_head" refusal of a turboq `type` for
 // layer il, why (128- or 64-value groups) and which cache types work for that head size
