@@ -269,7 +269,7 @@ bool is_rpc(ggml_backend_dev_t dev);
 // whether dev computes what a layer with these K/V types needs from it: SET_ROWS into each cache
 // and flash attention over them (ggml_backend_dev_supports_op on shapes like the layer's)
 bool device_takes_kv_types(ggml_backend_dev_t dev, const llama_turboq_layer_types & lt, uint32_t n_embd_head_k,
-                           uint32_t n_embd_head_v) {
+                           uint32_t n_embd_head_v, uint32_t n_gqa) {
     const ggml_init_params params = { 16 * ggml_tensor_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(params);
     if (ctx == nullptr) {
@@ -278,7 +278,8 @@ bool device_takes_kv_types(ggml_backend_dev_t dev, const llama_turboq_layer_type
     const int64_t n_kv = 256;
     ggml_tensor * k    = ggml_new_tensor_3d(ctx, lt.type_k, n_embd_head_k, n_kv, 1);
     ggml_tensor * v    = ggml_new_tensor_3d(ctx, lt.type_v, n_embd_head_v, n_kv, 1);
-    ggml_tensor * q    = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n_embd_head_k, 1, 4);
+    // one decoded token of the layer's query heads per KV head: backends pick kernels by that ratio
+    ggml_tensor * q    = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n_embd_head_k, 1, std::max(1u, n_gqa));
     ggml_tensor * mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, 1);
     ggml_tensor * rows = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_embd_head_k, 1);
     ggml_tensor * idx  = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, 1);
@@ -296,10 +297,23 @@ bool device_takes_kv_types(ggml_backend_dev_t dev, const llama_turboq_layer_type
 } // namespace
 
 void llama_turboq_check_layer_device(const llama_turboq_layer_types & kv, ggml_backend_dev_t dev, uint32_t il,
-                                     uint32_t n_embd_head_k, uint32_t n_embd_head_v) {
+                                     uint32_t n_embd_head_k, uint32_t n_embd_head_v, uint32_t n_gqa) {
     const bool k64 = ggml_turboq_group(kv.type_k) == QK_G64;
     const bool v64 = ggml_turboq_group(kv.type_v) == QK_G64;
-    if ((!k64 && !v64) || dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+    const bool any = ggml_turboq_group(kv.type_k) || ggml_turboq_group(kv.type_v);
+    if (!any || dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+        return;
+    }
+    if (!k64 && !v64) {
+        // 128-value groups: every backend has some head sizes of them, and a probe is not the graph
+        // (its batch, its views), so a device that declines this layer's is said, not refused
+        if (!is_rpc(dev) && !device_takes_kv_types(dev, kv, n_embd_head_k, n_embd_head_v, n_gqa)) {
+            LLAMA_LOG_WARN("%s: layer %u: head size %u: %s declines flash attention or SET_ROWS over its turboq cache "
+                "(K %s, V %s) at this head size, so this layer's attention runs on the CPU, reading the cache across "
+                "from the device at every step (Vulkan takes turboq at head sizes 128 and 256); --no-kv-offload keeps the "
+                "cache on the CPU\n", __func__, il,
+                n_embd_head_k, ggml_backend_dev_name(dev), ggml_type_name(kv.type_k), ggml_type_name(kv.type_v));
+        }
         return;
     }
     const uint32_t n_embd_head = k64 ? n_embd_head_k : n_embd_head_v;
@@ -312,7 +326,7 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & kv, ggml_b
             "takes", il, n_embd_head, type_name, ggml_backend_dev_name(dev)));
     }
     // other devices answer for themselves
-    if (!device_takes_kv_types(dev, kv, n_embd_head_k, n_embd_head_v)) {
+    if (!device_takes_kv_types(dev, kv, n_embd_head_k, n_embd_head_v, n_gqa)) {
         throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores 64-value groups (%s), and this "
             "layer's KV cache is on %s, which declines their SET_ROWS or flash attention (the CPU backend computes "
             "them, Vulkan at head sizes 64 and 192 and MLA's 576, CUDA not yet); keep the KV cache on the CPU (--no-kv-offload, "

@@ -79,9 +79,10 @@ bool llama_turboq_is_rpc(ggml_backend_dev_t dev);
 // cache takes a _g64 type would have it on a device that does not compute it (`dev`: the layer's
 // KV device, NULL when the cache stays on the CPU; asked through supports_op: Vulkan does, CUDA
 // not yet), or on an RPC server's layer even with the cache here (its flash attention would run
-// on the server, which may not have the type)
+// on the server, which may not have the type). A device that declines a 128-value type at the
+// layer's head size gets a warning: its attention would run on the CPU. n_gqa: query heads per KV head
 void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_backend_dev_t dev, uint32_t il,
-                                     uint32_t n_embd_head_k, uint32_t n_embd_head_v);
+                                     uint32_t n_embd_head_k, uint32_t n_embd_head_v, uint32_t n_gqa);
 
 // logs, after upstream's "block size does not divide n_embd_head" refusal of a turboq `type` for
 // layer il, why (128- or 64-value groups) and which cache types work for that head size
