@@ -116,23 +116,6 @@ def test_a_twin_at_a_head_size_vulkan_declines_is_refused(vk_bin, monkeypatch):
     assert kept.ppl > 0
 
 
-def test_a_head_size_vulkan_declines_for_128_value_groups_is_said(vk_bin, tmp_path, monkeypatch):
-    """Head size 512 stores 128-value groups, whose flash attention Vulkan0 declines there: the
-    layer runs (the scheduler takes its attention to the CPU), and the log says so per layer
-    rather than leaving it silent. Head size 128, which Vulkan0 takes, says nothing."""
-    monkeypatch.setenv("PYTURBO_BUILD_DIR", str(VK_BUILD))
-    for k, v in vk_env().items():
-        monkeypatch.setenv(k, v)
-    text = data.corpus_slice(12000)
-    said = "declines flash attention or SET_ROWS over its turboq cache (K turboq3, V turboq3)"
-    r = perplexity(data.tiny_model(head_dim=512, n_head=2, n_head_kv=1), text, "turboq3", "turboq3", ctx=256,
-                   chunks=1, extra=("-ngl", "99"))
-    assert r.ppl > 0 and "Vulkan0 KV buffer size" in r.log
-    assert f"layer 0: head size 512: Vulkan0 {said}" in r.log and "layer 1: head size 512" in r.log, r.log[-3000:]
-    r = perplexity(data.tiny_model(head_dim=128), text, "turboq3", "turboq3", ctx=256, chunks=1, extra=("-ngl", "99"))
-    assert r.ppl > 0 and said not in r.log
-
-
 def test_mla_cache_and_attention_on_vulkan_give_the_cpu_cache_logits(vk_bin, tmp_path, monkeypatch):
     """A tiny MLA model (DeepSeek-V2 layout, K of 576, V its view) with a turboq3 cache, all on
     Vulkan0, against the same build with the cache and its attention on the CPU (--no-kv-offload):
