@@ -132,8 +132,7 @@ def tiny_model(head_dim: int = 128, n_layer: int = 2, n_head: int = 4, n_head_kv
     n_embd = n_embd or head_dim * n_head
     n_ff = 2 * n_embd
     spec = (head_dim, n_layer, n_head, n_head_kv, n_embd, n_vocab, seed, 2) + ((layer_adaptive,) if layer_adaptive is not None else ())
-    key = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
-    target = cache_dir() / f"tiny-llama-hd{head_dim}-{key}.gguf"
+    target = _cached_gguf(f"tiny-llama-hd{head_dim}", spec)
     if target.exists():
         return target
     rng = np.random.default_rng(seed)
@@ -188,8 +187,7 @@ def tiny_mla_model(n_layer: int = 2, n_head: int = 2, n_embd: int = 128, kv_lora
     n_ff = 2 * n_embd
     q_lora_rank = n_embd // 2
     spec = ("mla", n_layer, n_head, n_embd, kv_lora_rank, rope_dim, qk_nope_dim, v_head_dim, n_vocab, seed, 1)
-    key = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
-    target = cache_dir() / f"tiny-deepseek2-k{kv_lora_rank + rope_dim}-{key}.gguf"
+    target = _cached_gguf(f"tiny-deepseek2-k{kv_lora_rank + rope_dim}", spec)
     if target.exists():
         return target
     rng = np.random.default_rng(seed)
@@ -242,6 +240,11 @@ def tiny_mla_model(n_layer: int = 2, n_head: int = 2, n_embd: int = 128, kv_lora
     ones("output_norm.weight", n_embd)
     t("output.weight", n_vocab, n_embd, scale=1.0 / np.sqrt(n_embd))
     return _written(w, target)
+
+
+def _cached_gguf(prefix: str, spec: tuple) -> Path:
+    # the file a generator's parameters name (a changed generator bumps its spec's version)
+    return cache_dir() / f"{prefix}-{hashlib.sha256(repr(spec).encode()).hexdigest()[:12]}.gguf"
 
 
 def _byte_vocab(w, n_vocab: int) -> None:
