@@ -5,7 +5,7 @@ sliding-window layers (Gemma 3: every 6th layer is global) gets a second cache f
 of min(n_ctx, n_swa * n_seq + n_ubatch) cells, padded the same way. Each layer stores
 n_head_kv * head_dim values of K and of V per cell, in blocks of the cache type (of its _g64 twin for
 a turboq type where the head size is a multiple of 64 but not of 128). An MLA model (DeepSeek-V2/V3:
-the GGUF has a kv_lora_rank) caches K alone, in K's type; its attention reads V out of K's rows.
+the GGUF has both MLA head lengths, key_length_mla and value_length_mla) caches K alone, in K's type; its attention reads V out of K's rows.
 """
 from __future__ import annotations
 
