@@ -117,6 +117,8 @@ def window_bytes(model: str | Path, cache_type_k: str, cache_type_v: str, layer_
     modes that rank layers by K gain, their boundary types are quantized as well (q8_0), so
     which layers they are does not change the count."""
     g = kv_geometry(model)
+    if g.mla:
+        raise ValueError("the exact window is refused on MLA models (llama.cpp refuses it: attention reads V out of K)")
     policy = policies().get(layer_adaptive) if layer_adaptive else None
     boundary = boundary_layers(layer_adaptive, g.n_layer, [1] * g.n_layer) if policy and not policy.k_gain_div else \
         [False] * g.n_layer

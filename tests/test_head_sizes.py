@@ -17,8 +17,8 @@ import pytest
 from pyturbo import attention, codec, data
 from pyturbo.lab import reference
 from pyturbo.lab.codebook import G64, lloyd_max
-from pyturbo.bench.cpu import parse_config
-from pyturbo.memory import kv_bytes
+from pyturbo.bench.cpu import config_bpw, parse_config
+from pyturbo.memory import kv_bytes, kv_geometry
 from pyturbo.tools import kv_mib, llama_perplexity as perplexity, run_tool
 from pyturbo.types import TURBOQ_G64_TYPES, TURBOQ_TYPES, layer_cache_type
 from helpers import last_logits
@@ -233,7 +233,7 @@ def test_mla_caches_k_alone_in_64_value_groups(mla_model, mla_runs):
         assert r.kv_mib == pytest.approx(kv_bytes(mla_model, n_ctx, t, t) / 2**20, abs=0.011), t
     log = mla_runs["turboq3"].log
     assert "head size 576: K turboq3_g64 (turboq in 64-value groups), read as V through its first 512 values (MLA)" in log
-    assert "K means calibrated" not in log  # no centering: V is read out of K
+    assert "K means calibrated" not in log and "K centering" not in log  # no centering: V is read out of K
     # 26 bytes per 64 values, K alone: 3.25 bits per value, against f16's 16
     assert kv_bytes(mla_model, 4096, "turboq3", "turboq3") * 16 == kv_bytes(mla_model, 4096, "f16", "f16") * 3.25
     kld = {t: mla_runs[t].kld for t in SMOL_TYPES}
@@ -247,6 +247,34 @@ def test_mla_k_and_v_types_must_match(mla_model, short_text):
                  "-ctk", "turboq3", "-ctv", "q8_0", check=False)
     assert r.returncode > 0
     assert "model does not support different K (turboq3) and V (q8_0) cache types" in r.stdout + r.stderr
+
+
+def test_mla_bits_per_value_count_k_alone(mla_model):
+    geo = kv_geometry(mla_model)
+    assert geo.mla and (geo.head_dim_k, geo.head_dim_v) == (576, 512)
+    assert config_bpw(geo.n_layer, "turboq3", "turboq3", {}, 4096, 576, 512, mla=True) == 3.25
+    # mode 3: one of the 2 layers keeps a q8_0 K (8.5 bits per value); MLA has no V to average in
+    mode3 = config_bpw(geo.n_layer, "turboq3", "turboq3", {"TURBO_LAYER_ADAPTIVE": "3"}, 4096, 576, 512, mla=True)
+    assert mode3 == pytest.approx((3.25 + 8.5) / 2)
+    with pytest.raises(ValueError, match="refused on MLA"):
+        kv_bytes(mla_model, 4096, "turboq3", "turboq3", exact_window=64)
+
+
+@pytest.mark.parametrize("mode", [3, 5])
+def test_mla_layer_adaptive_modes(mla_model, short_text, mode):
+    # mode 3 ranks MLA layers by their latent's norm (the K they cache); mode 5 sets only V types,
+    # which MLA does not cache, and says so rather than doing nothing in silence
+    r = run_tool("llama-perplexity", "-m", str(mla_model), "-f", str(short_text), "-c", "128", "--chunks", "1",
+                 "-ctk", "turboq3", "-ctv", "turboq3", "--layer-adaptive", str(mode), "-lv", "4", check=False)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "Final estimate" in out, out[-2000:]
+    ks = re.findall(rf"layer-adaptive mode {mode}: K (\S+), V -", out)
+    assert len(ks) == 2, out[-2000:]  # the tiny model's 2 layers, and no V cache
+    if mode == 3:
+        assert sorted(ks) == ["q8_0", "turboq3_g64"]  # max(1, 2 // 9) = 1 boundary layer
+    else:
+        assert ks == ["turboq3_g64"] * 2
+        assert "layer-adaptive mode 5 sets only V types, and this model (MLA) caches no V" in out
 
 
 @pytest.mark.parametrize("model_fixture,type_v", [("smollm2", "turboq4"), ("mla_model", "turboq3")])

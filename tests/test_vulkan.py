@@ -86,20 +86,28 @@ def backend_ops(vk_bin: Path, op: str, *patterns: str, timeout: float = 1800) ->
     return n
 
 
-@pytest.mark.parametrize("op, n_cases", [("SET_ROWS", 12), ("GET_ROWS", 8), ("CPY", 16)])
+@pytest.mark.parametrize("op, n_cases", [("SET_ROWS", 12), ("GET_ROWS", 8), ("CPY", 18)])
 def test_turboq_cache_ops_on_vulkan(vk_bin, op, n_cases):
     # the 128-value types (a name followed by "," or ")"), not their _g64 twins
     assert backend_ops(vk_bin, op, "turboq[2348][,)]") == n_cases
 
 
-@pytest.mark.parametrize("op, n_cases", [("SET_ROWS", 8), ("GET_ROWS", 4), ("CPY", 12), ("FLASH_ATTN_EXT", 40)])
+@pytest.mark.parametrize("op, n_cases", [("SET_ROWS", 8), ("GET_ROWS", 4), ("CPY", 28), ("FLASH_ATTN_EXT", 40)])
 def test_the_64_value_twins_on_vulkan(vk_bin, op, n_cases):
     """The _g64 twins (head sizes 64 and 192; issue 22): each type's SET_ROWS (from f32 with i64
-    rows, from f16 with i32 rows), GET_ROWS, CPY from f32 and to f32 and f16, and flash attention
+    rows, from f16 with i32 rows), GET_ROWS, CPY from f32 and to f32 and f16 (and to and from views into
+    rows, as an MLA K-shift copies), and flash attention
     at head sizes 64 and 192 (batches of 1 and 35), f16 beside a twin on either side, a q8_0 V,
     llama.cpp's layout at head size 64, and MLA's K of 576 read as V through a view of its first
     512 (batches of 1 and 35)."""
     assert backend_ops(vk_bin, op, "_g64") == n_cases
+
+
+def test_copies_to_and_from_a_quantized_view_on_vulkan(vk_bin):
+    """An MLA K-shift's copies (patch 30): f32 to and from a view that starts blocks into each row
+    of a q8_0, q4_0, turboq3 or _g64 tensor. The views one block in start where lavapipe's
+    storage-buffer alignment does not divide, so the shader must add the misalignment offset."""
+    assert backend_ops(vk_bin, "CPY", "ne_row=") == 26
 
 
 def test_a_twin_at_a_head_size_vulkan_declines_is_refused(vk_bin, monkeypatch):

@@ -69,14 +69,15 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
 
 
 def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int, head_dim_k: int = 128,
-               head_dim_v: int = 128) -> float:
+               head_dim_v: int = 128, mla: bool = False) -> float:
     """Bits per value of K and V together, of the types a layer of these head sizes stores (a
     turboq type's _g64 twin where the head size is a multiple of 64 but not of 128); for a mode that ranks layers by K gain (3), its
     n_layer // k_gain_div boundary layers carry the boundary K type (the C table's). W + S exact
     positions (a tail and sinks) count as that many of the context's ctx positions held in f16
     instead of the type (a token is quantized as it leaves the window), as the K/V lab counts it.
     An exact window (':winW') keeps its rows besides: each layer with a quantized K or V holds
-    rows_per_sequence(W) F16 rows of K and of V per sequence on top of the cache."""
+    rows_per_sequence(W) F16 rows of K and of V per sequence on top of the cache. An MLA model
+    (mla) caches K alone, so its bits per value are K's."""
     tail = min(sum(int(env.get(var) or 0) for var in EXACT_ROWS.values()), ctx)
     ring = 16 * exact_window.rows_per_sequence(int(env.get(exact_window.ENV) or 0)) / ctx
 
@@ -96,7 +97,7 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
         bk = ((model_layers - n) * bk + n * bpw(policy.k_boundary or k, window=window)) / model_layers
     elif mode:
         return float("nan")
-    return (bk + bv) / 2
+    return bk if mla else (bk + bv) / 2
 
 
 def quality(args: argparse.Namespace) -> None:
@@ -127,7 +128,7 @@ def quality(args: argparse.Namespace) -> None:
             w = int(env.get(exact_window.ENV) or 0)
             mode = int(env.get("TURBO_LAYER_ADAPTIVE") or 0)
             ring_mib = window_bytes(model, k, v, mode, 1, w) / 2 ** 20 if w else 0.0
-            rows.append((label, config_bpw(geo.n_layer, k, v, env, args.ctx, geo.head_dim_k, geo.head_dim_v),
+            rows.append((label, config_bpw(geo.n_layer, k, v, env, args.ctx, geo.head_dim_k, geo.head_dim_v, geo.mla),
                          r.kv_mib + ring_mib, r))
             tqdm.write(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} median {r.kld_median} p99.9 {r.kld_p999} "
                        f"KV {r.kv_mib:.2f} MiB", file=sys.stderr)

@@ -192,12 +192,19 @@ std::vector<bool> llama_turboq_boundary_layers(int mode, const llama_model & mod
     // The K gain of a layer, from its weights: the RMS of the K norm's scale on models with a
     // K norm (Gemma, Qwen3, ...), else the RMS of the K projection. The K quantization error of
     // a layer grows with it; on Gemma 3 270M the top two (layers 11 and 5) carry half of the
-    // attention-output error of turboq3 K (pyturbo kvlab).
+    // attention-output error of turboq3 K (pyturbo kvlab). An MLA layer caches the normed latent
+    // (and its rotary part) as K, so its K norm is the latent's.
+    const bool is_mla = model.hparams.is_mla();
+    if (is_mla && p->k_boundary == KEEP) {
+        LLAMA_LOG_WARN("%s: layer-adaptive mode %d sets only V types, and this model (MLA) caches no V: attention "
+                       "reads V out of K, so every layer keeps the requested K type\n", __func__, mode);
+    }
     std::vector<double> gains(n_layer, -1.0);
     bool any = false;
     for (uint32_t il = 0; il < n_layer && p->k_gain_div != 0; ++il) {
         const auto & layer = model.layers[il];
-        const ggml_tensor * w = layer.attn_k_norm ? layer.attn_k_norm : layer.wk;
+        const ggml_tensor * w = is_mla ? (layer.attn_kv_a_norm ? layer.attn_kv_a_norm : layer.wkv_a_mqa)
+                                       : (layer.attn_k_norm ? layer.attn_k_norm : layer.wk);
         if (w == nullptr || !model.hparams.has_kv(il)) {
             continue;
         }
@@ -266,14 +273,19 @@ namespace {
 
 bool is_rpc(ggml_backend_dev_t dev);
 
-// whether dev computes what a layer with these K/V types needs from it: SET_ROWS into each cache
-// and flash attention over them (ggml_backend_dev_supports_op on shapes like the layer's)
-bool device_takes_kv_types(ggml_backend_dev_t dev, const llama_turboq_layer_types & lt, uint32_t n_embd_head_k,
-                           uint32_t n_embd_head_v, uint32_t n_gqa) {
+// what dev computes of what a layer with these K/V types needs from it, asked with
+// ggml_backend_dev_supports_op on shapes like the layer's
+struct kv_ops_on_device {
+    bool set_rows;   // SET_ROWS into each cache
+    bool attention;  // flash attention over them
+};
+
+kv_ops_on_device device_takes_kv_types(ggml_backend_dev_t dev, const llama_turboq_layer_types & lt, uint32_t n_embd_head_k,
+                                       uint32_t n_embd_head_v, uint32_t n_gqa) {
     const ggml_init_params params = { 16 * ggml_tensor_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(params);
     if (ctx == nullptr) {
-        return false;
+        return { false, false };
     }
     const int64_t n_kv = 256;
     ggml_tensor * k    = ggml_new_tensor_3d(ctx, lt.type_k, n_embd_head_k, n_kv, 1);
@@ -288,36 +300,49 @@ bool device_takes_kv_types(ggml_backend_dev_t dev, const llama_turboq_layer_type
     ggml_tensor * set_k = ggml_set_rows(ctx, ggml_view_2d(ctx, k, n_embd_head_k, n_kv, k->nb[1], 0), rows, idx);
     ggml_tensor * rows_v = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_embd_head_v, 1);
     ggml_tensor * set_v = ggml_set_rows(ctx, ggml_view_2d(ctx, v, n_embd_head_v, n_kv, v->nb[1], 0), rows_v, idx);
-    const bool ok = ggml_backend_dev_supports_op(dev, fa) && ggml_backend_dev_supports_op(dev, set_k) &&
-                    ggml_backend_dev_supports_op(dev, set_v);
+    const kv_ops_on_device ops = {
+        ggml_backend_dev_supports_op(dev, set_k) && ggml_backend_dev_supports_op(dev, set_v),
+        ggml_backend_dev_supports_op(dev, fa),
+    };
     ggml_free(ctx);
-    return ok;
+    return ops;
 }
 
 } // namespace
 
-void llama_turboq_check_layer_device(const llama_turboq_layer_types & kv, ggml_backend_dev_t dev, uint32_t il,
+void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_backend_dev_t dev, uint32_t il,
                                      uint32_t n_embd_head_k, uint32_t n_embd_head_v, uint32_t n_gqa) {
-    const bool k64 = ggml_turboq_group(kv.type_k) == QK_G64;
-    const bool v64 = ggml_turboq_group(kv.type_v) == QK_G64;
-    const bool any = ggml_turboq_group(kv.type_k) || ggml_turboq_group(kv.type_v);
+    const bool k64 = ggml_turboq_group(lt.type_k) == QK_G64;
+    const bool v64 = ggml_turboq_group(lt.type_v) == QK_G64;
+    const bool any = ggml_turboq_group(lt.type_k) || ggml_turboq_group(lt.type_v);
     if (!any || dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
         return;
     }
     if (!k64 && !v64) {
-        // 128-value groups: every backend has some head sizes of them, and a probe is not the graph
-        // (its batch, its views), so a device that declines this layer's is said, not refused
-        if (!is_rpc(dev) && !device_takes_kv_types(dev, kv, n_embd_head_k, n_embd_head_v, n_gqa)) {
-            LLAMA_LOG_WARN("%s: layer %u: head size %u: %s declines flash attention or SET_ROWS over its turboq cache "
-                "(K %s, V %s) at this head size, so this layer's attention runs on the CPU, reading the cache across "
-                "from the device at every step (Vulkan takes turboq at head sizes 128 and 256); --no-kv-offload keeps the "
-                "cache on the CPU\n", __func__, il,
-                n_embd_head_k, ggml_backend_dev_name(dev), ggml_type_name(kv.type_k), ggml_type_name(kv.type_v));
+        if (is_rpc(dev)) {
+            return;
+        }
+        const kv_ops_on_device ops = device_takes_kv_types(dev, lt, n_embd_head_k, n_embd_head_v, n_gqa);
+        // a cache write that its device declines has nowhere else to run: the scheduler aborts on
+        // an op into a device buffer whose backend cannot compute it
+        if (!ops.set_rows) {
+            throw std::runtime_error(format("layer %u: head size %u: this layer's KV cache is on %s, which declines "
+                "SET_ROWS into its turboq cache (K %s, V %s); keep the KV cache on the CPU (--no-kv-offload, "
+                "offload_kqv=False) or use q8_0 or q4_0", il, n_embd_head_k, ggml_backend_dev_name(dev),
+                ggml_type_name(lt.type_k), ggml_type_name(lt.type_v)));
+        }
+        // every backend takes some head sizes of the 128-value groups, and a probe is not the graph
+        // (its batch, its views), so a device that declines this layer's attention is said, not refused
+        if (!ops.attention) {
+            LLAMA_LOG_WARN("%s: layer %u: head size %u: %s declines flash attention over its turboq cache (K %s, V %s) "
+                "at this head size, so this layer's attention runs on the CPU, reading the cache across from the "
+                "device at every step; --no-kv-offload keeps the cache on the CPU\n", __func__, il,
+                n_embd_head_k, ggml_backend_dev_name(dev), ggml_type_name(lt.type_k), ggml_type_name(lt.type_v));
         }
         return;
     }
     const uint32_t n_embd_head = k64 ? n_embd_head_k : n_embd_head_v;
-    const char *   type_name   = ggml_type_name(k64 ? kv.type_k : kv.type_v);
+    const char *   type_name   = ggml_type_name(k64 ? lt.type_k : lt.type_v);
     // an RPC server's build may lack the twins whatever its device claims here
     if (is_rpc(dev)) {
         throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores 64-value groups (%s), and this "
@@ -326,7 +351,8 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & kv, ggml_b
             "takes", il, n_embd_head, type_name, ggml_backend_dev_name(dev)));
     }
     // other devices answer for themselves
-    if (!device_takes_kv_types(dev, kv, n_embd_head_k, n_embd_head_v, n_gqa)) {
+    const kv_ops_on_device ops = device_takes_kv_types(dev, lt, n_embd_head_k, n_embd_head_v, n_gqa);
+    if (!ops.set_rows || !ops.attention) {
         throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores 64-value groups (%s), and this "
             "layer's KV cache is on %s, which declines their SET_ROWS or flash attention (the CPU backend computes "
             "them, Vulkan at head sizes 64 and 192 and MLA's 576, CUDA not yet); keep the KV cache on the CPU (--no-kv-offload, "

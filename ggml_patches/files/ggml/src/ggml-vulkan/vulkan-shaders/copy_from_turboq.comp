@@ -16,7 +16,7 @@ void main() {
     }
 
     const uint dst_idx = get_doffset() + dst_idx(idx);
-    const uint src_idx = src0_idx_quant(idx, QUANT_K);
+    const uint src_idx = get_aoffset() + src0_idx_quant(idx, QUANT_K);
 
     float x[128];
     turboq_decode_a(src_idx, x);
