@@ -256,6 +256,8 @@ def test_mla_bits_per_value_count_k_alone(mla_model):
     # mode 3: one of the 2 layers keeps a q8_0 K (8.5 bits per value); MLA has no V to average in
     mode3 = config_bpw(geo.n_layer, "turboq3", "turboq3", {"TURBO_LAYER_ADAPTIVE": "3"}, 4096, 576, 512, mla=True)
     assert mode3 == pytest.approx((3.25 + 8.5) / 2)
+    # modes 5-7 set only V types, which MLA does not cache
+    assert config_bpw(geo.n_layer, "turboq3", "turboq3", {"TURBO_LAYER_ADAPTIVE": "5"}, 4096, 576, 512, mla=True) == 3.25
     with pytest.raises(ValueError, match="refused on MLA"):
         kv_bytes(mla_model, 4096, "turboq3", "turboq3", exact_window=64)
 

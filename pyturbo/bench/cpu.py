@@ -95,6 +95,8 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
     if policy is not None and policy.k_gain_div and policy.v_boundary is None and policy.v_other is None:
         n = max(1, model_layers // policy.k_gain_div)
         bk = ((model_layers - n) * bk + n * bpw(policy.k_boundary or k, window=window)) / model_layers
+    elif mla and policy is not None and policy.k_boundary is None:
+        return bk  # a mode that sets only V types: MLA caches no V, and every layer keeps K's type
     elif mode:
         return float("nan")
     return bk if mla else (bk + bv) / 2

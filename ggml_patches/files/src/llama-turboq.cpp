@@ -285,7 +285,7 @@ kv_ops_on_device device_takes_kv_types(ggml_backend_dev_t dev, const llama_turbo
     const ggml_init_params params = { 16 * ggml_tensor_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(params);
     if (ctx == nullptr) {
-        return { false, false };
+        throw std::runtime_error("out of memory for a probe of the KV cache's device");
     }
     const int64_t n_kv = 256;
     ggml_tensor * k    = ggml_new_tensor_3d(ctx, lt.type_k, n_embd_head_k, n_kv, 1);
