@@ -3,10 +3,10 @@
 # kernels (-DGGML_TURBOQ_GENERIC), counted by qemu-aarch64 (-singlestep -d exec: one log line per
 # executed instruction). Wall time under qemu says little about NEON on real hardware (qemu runs
 # vector ops through helpers); executed instructions are a steadier proxy, still not a speed.
-# Per 128-value row (two blocks of a _g64 twin): SET_ROWS + GET_ROWS of the row, plus one-row-query flash attention over it
+# Per 128-value row (two blocks of a _g64 twin, four of a _g32 twin): SET_ROWS + GET_ROWS of the row, plus one-row-query flash attention over it
 # (4 heads on one KV head), from the difference between 64 and 192 rows (startup cancels out).
 # Usage: bash bench/portable_insns.sh NEON_BUILD_DIR GENERIC_BUILD_DIR   (each with bin/turboq-check;
-# TYPES="id:name ..." for other types than all eight)
+# TYPES="id:name ..." for other types than all twelve)
 set -euo pipefail
 neon=$1 generic=$2
 count() {  # build tiled(1/0) type rows
@@ -15,7 +15,8 @@ count() {  # build tiled(1/0) type rows
 }
 echo "| type | FA path | NEON insns/row | generic insns/row | generic/NEON |"
 echo "|---|---|---|---|---|"
-for t in ${TYPES:-60:turboq2 61:turboq3 62:turboq4 63:turboq8 64:turboq2_g64 65:turboq3_g64 66:turboq4_g64 67:turboq8_g64}; do
+for t in ${TYPES:-60:turboq2 61:turboq3 62:turboq4 63:turboq8 64:turboq2_g64 65:turboq3_g64 66:turboq4_g64 67:turboq8_g64
+    68:turboq2_g32 69:turboq3_g32 70:turboq4_g32 71:turboq8_g32}; do
     for tiled in 1 0; do
         n=$(( ($(count "$neon" $tiled ${t%%:*} 192) - $(count "$neon" $tiled ${t%%:*} 64)) / 128 ))
         g=$(( ($(count "$generic" $tiled ${t%%:*} 192) - $(count "$generic" $tiled ${t%%:*} 64)) / 128 ))

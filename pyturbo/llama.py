@@ -22,7 +22,7 @@ from typing import Any, Iterator
 from . import exact_window as _ew
 from . import layer_adaptive as _la
 from ._paths import use_patched_llama_cpp
-from .types import CACHE_TYPES, TURBOQ_TYPES, CacheType, requested_cache_type
+from .types import CACHE_TYPES, TURBOQ_TYPES, TWIN_TYPES, CacheType, requested_cache_type
 
 use_patched_llama_cpp()
 
@@ -196,7 +196,7 @@ def window_tokens(llm: llama_cpp.Llama, tokens: Any) -> Any:
 
 def _type_names(text: str) -> str:
     """'mismatched key type (8 != 61, layer 0)' -> '... (q8_0 in this context, turboq3 in the state, layer 0)'."""
-    names = {t.ggml_id: t.name for t in CACHE_TYPES.values()}
+    names = {t.ggml_id: t.name for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values())}  # a layer may store a twin
 
     def sub(m: re.Match) -> str:
         here, saved = int(m.group(1)), int(m.group(2))

@@ -45,47 +45,70 @@ CACHE_TYPES: dict[str, CacheType] = {t.name: t for t in (
 TURBOQ_TYPES = tuple(n for n, t in CACHE_TYPES.items() if t.is_turboq)
 
 TURBOQ_G64 = 64  # values per group of the _g64 twins
-# The turboq codecs on 64-value groups: llama.cpp stores a requested turboq type as its _g64 twin on
-# each layer whose head size is a multiple of 64 but not of 128 (llama_turboq_type_for_head; CPU
-# only). Not names for -ctk/-ctv; the codec, the reference and kv_bytes take them.
-G64_TYPES: dict[str, CacheType] = {t.name: t for t in (
+TURBOQ_G32 = 32  # values per group of the _g32 twins
+# The twins' groups, largest first: a layer takes the largest that divides its head size.
+TWIN_GROUPS = (TURBOQ_G64, TURBOQ_G32)
+# The turboq codecs on 64- and 32-value groups: llama.cpp stores a requested turboq type as its
+# _g64 twin on each layer whose head size is a multiple of 64 but not of 128, as its _g32 twin
+# where it is a multiple of 32 but not of 64 (llama_turboq_type_for_head; CPU and Vulkan). Not
+# names for -ctk/-ctv; the codec, the reference and kv_bytes take them.
+TWIN_TYPES: dict[str, CacheType] = {t.name: t for t in (
     CacheType("turboq2_g64", 64, TURBOQ_G64, 18),
     CacheType("turboq3_g64", 65, TURBOQ_G64, 26),
     CacheType("turboq4_g64", 66, TURBOQ_G64, 34),
     CacheType("turboq8_g64", 67, TURBOQ_G64, 66),
+    CacheType("turboq2_g32", 68, TURBOQ_G32, 10),
+    CacheType("turboq3_g32", 69, TURBOQ_G32, 14),
+    CacheType("turboq4_g32", 70, TURBOQ_G32, 18),
+    CacheType("turboq8_g32", 71, TURBOQ_G32, 34),
 )}
+TURBOQ_TWIN_TYPES = tuple(TWIN_TYPES)
+G64_TYPES: dict[str, CacheType] = {n: t for n, t in TWIN_TYPES.items() if t.block_size == TURBOQ_G64}
+G32_TYPES: dict[str, CacheType] = {n: t for n, t in TWIN_TYPES.items() if t.block_size == TURBOQ_G32}
 TURBOQ_G64_TYPES = tuple(G64_TYPES)
+TURBOQ_G32_TYPES = tuple(G32_TYPES)
+
+
+def turboq_base(name: str | CacheType) -> str:
+    """turboq2/3/4/8 for a turboq type or one of its twins (their layouts differ only in size);
+    any other type's own name."""
+    t = cache_type(name)
+    return t.name.rsplit(f"_g{t.block_size}", 1)[0] if t.name in TWIN_TYPES else t.name
 
 
 def layer_cache_type(name: str | CacheType, head_dim: int) -> CacheType:
-    """The type a layer of this head size stores for a requested cache type (llama.cpp's rule)."""
+    """The type a layer of this head size stores for a requested cache type (llama.cpp's rule): a
+    turboq type stays where the head size is a multiple of 128, else takes the twin of the largest
+    group in TWIN_GROUPS that divides it (none: the type itself, which llama.cpp refuses there)."""
     t = cache_type(name)
-    if t.is_turboq and t.block_size == TURBOQ_GROUP and head_dim % TURBOQ_GROUP and head_dim % TURBOQ_G64 == 0:
-        return G64_TYPES[f"{t.name}_g64"]
+    if t.is_turboq and t.block_size == TURBOQ_GROUP and head_dim % TURBOQ_GROUP:
+        for g in TWIN_GROUPS:
+            if head_dim % g == 0:
+                return TWIN_TYPES[f"{t.name}_g{g}"]
     return t
 
 
 def requested_cache_type(name: str | CacheType) -> CacheType:
     """A cache type as a user asks for one (-ctk/-ctv, cache_type_k=): the names llama.cpp's tools take.
-    A _g64 twin is refused, saying which name to ask for: llama.cpp picks the twin per layer, and
-    given one directly it would skip the per-layer rule (and the flash-attention check)."""
+    A twin (_g64, _g32) is refused, saying which name to ask for: llama.cpp picks the twin per layer,
+    and given one directly it would skip the per-layer rule (and the flash-attention check)."""
     t = cache_type(name)
-    if t.name in G64_TYPES:
-        base = t.name.removesuffix("_g64")
-        raise ValueError(f"KV cache type {t.name!r} is the 64-value form that llama.cpp stores for {base} on layers "
-                         f"whose head size is a multiple of 64 but not of 128; ask for {base!r}")
+    if t.name in TWIN_TYPES:
+        base, g = turboq_base(t), t.block_size
+        raise ValueError(f"KV cache type {t.name!r} is the {g}-value form that llama.cpp stores for {base} on layers "
+                         f"whose head size is a multiple of {g} but not of {2 * g}; ask for {base!r}")
     return t
 
 
 def cache_type(name: str | CacheType) -> CacheType:
-    """Look a cache type up by name, case-insensitively, the _g64 twins included (the codec, the
-    reference, memory sizes); ValueError lists the valid names. User settings go through
+    """Look a cache type up by name, case-insensitively, the twins (_g64, _g32) included (the codec,
+    the reference, memory sizes); ValueError lists the valid names. User settings go through
     requested_cache_type."""
     if isinstance(name, CacheType):
         return name
     key = str(name).strip().lower()
     try:
-        return CACHE_TYPES[key] if key in CACHE_TYPES else G64_TYPES[key]
+        return CACHE_TYPES[key] if key in CACHE_TYPES else TWIN_TYPES[key]
     except KeyError:
         valid = ", ".join(CACHE_TYPES)
         raise ValueError(f"unknown KV cache type {name!r}; valid types: {valid}") from None

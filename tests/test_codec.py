@@ -7,13 +7,13 @@ import pytest
 from pyturbo import attention, codec
 from pyturbo.lab import reference
 from pyturbo.lab.codebook import theoretical_vector_mse
-from pyturbo.types import TURBOQ_G64_TYPES, TURBOQ_TYPES, cache_type
+from pyturbo.types import TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
 from helpers import special_groups
 
 D = 128
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_G64_TYPES)
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES)
 def test_c_matches_reference_bit_for_bit(lib, rng, type_name):
     t = cache_type(type_name)
     for label, x in special_groups(rng).items():

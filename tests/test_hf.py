@@ -13,7 +13,7 @@ import pytest
 
 from pyturbo import codec, data, layer_adaptive
 from pyturbo.lab import reference
-from pyturbo.types import TURBOQ_G64_TYPES, TURBOQ_TYPES, cache_type
+from pyturbo.types import TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
 
 from helpers import special_groups  # tests/ is on sys.path (pytest prepend mode)
 
@@ -45,7 +45,7 @@ def groups(rng) -> np.ndarray:
     return np.concatenate(list(special_groups(rng).values()))
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_G64_TYPES)
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES)
 def test_torch_blocks_equal_reference_and_c_bit_for_bit(lib, rng, type_name):
     x = groups(rng)
     blocks = tc.encode(torch.from_numpy(x), type_name).numpy()
@@ -67,7 +67,7 @@ def test_q8_0_equals_ggml_reference_quantizer(lib, rng):
                                   codec.dequantize(blocks, "q8_0"))
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_G64_TYPES)
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES)
 def test_decode_matches_reference(lib, rng, type_name):
     x = groups(rng)
     blocks = codec.quantize(x, type_name)
@@ -83,23 +83,27 @@ def test_decode_matches_reference(lib, rng, type_name):
 
 
 @pytest.mark.parametrize("k_center", [False, True])
-def test_head_dim_64_stores_the_64_value_twins(rng, k_center):
-    """SmolLM2's geometry: 3 KV heads of 64 -> rows of 192 values, three 64-value groups (the
-    _g64 twins, as llama.cpp stores them), no padding."""
-    b, h, t, d = 2, 3, 5, 64
+@pytest.mark.parametrize("d,g,k_bytes,v_bytes", [(64, 64, 26, 34), (96, 32, 14, 18)])
+def test_head_dims_store_their_twins(rng, k_center, d, g, k_bytes, v_bytes):
+    """SmolLM2's geometry, 3 KV heads of 64 -> rows of 192 values, three 64-value groups (the _g64
+    twins, as llama.cpp stores them); Phi-3's head size 96 -> rows of 288 values, nine 32-value
+    groups (the _g32 twins); no padding."""
+    b, h, t = 2, 3, 5
+    n = h * d
     k = torch.from_numpy((rng.standard_normal((b, h, t, d)) * 3 + 1).astype(np.float32))
     v = torch.from_numpy(rng.standard_normal((b, h, t, d)).astype(np.float32))
     layer = TurboQuantLayer("turboq3", "turboq4", k_center=k_center)
     k_out, v_out = layer.update(k, v)
+    assert (layer.k.type, layer.v.type) == (f"turboq3_g{g}", f"turboq4_g{g}")
     assert k_out.shape == k.shape and v_out.shape == v.shape
-    assert layer.keys.shape == (b, t, 3 * 26) and layer.values.shape == (b, t, 3 * 34)
-    rows_k = k.transpose(1, 2).reshape(b, t, h * d).numpy()
-    mu = rows_k.sum(axis=1, keepdims=True) * np.float32(1.0 / t) if k_center else np.zeros((b, 1, h * d), np.float32)
-    np.testing.assert_array_equal(layer.keys.numpy().ravel(), reference.quantize(rows_k - mu, "turboq3_g64"))
-    back = reference.dequantize(layer.keys.numpy().ravel(), "turboq3_g64").reshape(b, t, 192) + mu
-    np.testing.assert_allclose(k_out.transpose(1, 2).reshape(b, t, h * d).numpy(), back, rtol=0, atol=1e-5)
-    rows_v = v.transpose(1, 2).reshape(b, t, h * d).numpy()
-    np.testing.assert_array_equal(layer.values.numpy().ravel(), reference.quantize(rows_v, "turboq4_g64"))
+    assert layer.keys.shape == (b, t, n // g * k_bytes) and layer.values.shape == (b, t, n // g * v_bytes)
+    rows_k = k.transpose(1, 2).reshape(b, t, n).numpy()
+    mu = rows_k.sum(axis=1, keepdims=True) * np.float32(1.0 / t) if k_center else np.zeros((b, 1, n), np.float32)
+    np.testing.assert_array_equal(layer.keys.numpy().ravel(), reference.quantize(rows_k - mu, f"turboq3_g{g}"))
+    back = reference.dequantize(layer.keys.numpy().ravel(), f"turboq3_g{g}").reshape(b, t, n) + mu
+    np.testing.assert_allclose(k_out.transpose(1, 2).reshape(b, t, n).numpy(), back, rtol=0, atol=1e-5)
+    rows_v = v.transpose(1, 2).reshape(b, t, n).numpy()
+    np.testing.assert_array_equal(layer.values.numpy().ravel(), reference.quantize(rows_v, f"turboq4_g{g}"))
     # a second update appends rows and returns all tokens
     k2, v2 = layer.update(k[:, :, :1], v[:, :, :1])
     assert k2.shape == (b, h, t + 1, d) and layer.get_seq_length() == t + 1
@@ -129,6 +133,8 @@ def test_bad_input_is_a_clear_error(rng):
         TurboQuantLayer("q4_0", "turboq3")
     with pytest.raises(ValueError, match="ask for 'turboq3'"):  # a twin is picked per head size, not asked for
         TurboQuantLayer("turboq3", "turboq3_g64")
+    with pytest.raises(ValueError, match="ask for 'turboq2'"):
+        TurboQuantLayer("turboq2_G32", "turboq3")
     layer = TurboQuantLayer("turboq3", "turboq3")
     with pytest.raises(ValueError, match=r"\[batch, kv_heads, tokens, head_dim\]"):
         layer.update(torch.zeros(1, 4, 64), torch.zeros(1, 4, 64))

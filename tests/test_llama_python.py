@@ -54,10 +54,10 @@ def test_flash_attention_off_gives_llama_cpp_reason(Llama, tiny128):
         make(Llama, tiny128, cache_type_k="f16", cache_type_v="turboq3", flash_attn=False)
 
 
-def test_head_dim_96_gives_llama_cpp_reason(Llama):
+def test_head_dim_80_gives_llama_cpp_reason(Llama):
     from pyturbo.llama import ContextError
-    with pytest.raises(ContextError, match=r"n_embd_head_k=96(.|\n)*or of 64(.|\n)*this model's is 96(.|\n)*q8_0"):
-        make(Llama, str(data.tiny_model(head_dim=96)), cache_type_k="turboq3", cache_type_v="turboq3")
+    with pytest.raises(ContextError, match=r"n_embd_head_k=80(.|\n)*or of 64 or 32(.|\n)*this model's is 80(.|\n)*f16"):
+        make(Llama, str(data.tiny_model(head_dim=80)), cache_type_k="turboq3", cache_type_v="turboq3")
 
 
 def test_invalid_layer_adaptive_mode(Llama, tiny128):

@@ -54,6 +54,7 @@ def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args,reason", [
     (("-ctk", "turboq9"), "unknown KV cache type 'turboq9'"),
     (("-ctk", "turboq3_g64"), "ask for 'turboq3'"),
+    (("-ctv", "turboq4_g32"), "ask for 'turboq4'"),
     (("--model", "/nonexistent.gguf"), "not a file"),
 ])
 def test_perplexity_cli_bad_input_is_one_line(backend, args, reason):
@@ -145,8 +146,8 @@ def test_doctor_json(build_info):
 
 def test_type_table_matches_the_library_traits(lib):
     """pyturbo.types is checked against the built ggml's own type_traits, row by row."""
-    from pyturbo.types import CACHE_TYPES, G64_TYPES
-    for t in (*CACHE_TYPES.values(), *G64_TYPES.values()):
+    from pyturbo.types import CACHE_TYPES, TWIN_TYPES
+    for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values()):
         tr = lib.traits(t.ggml_id)
         assert tr.type_name.decode() == t.name
         assert (tr.blck_size, tr.type_size) == (t.block_size, t.block_bytes), t.name
@@ -315,6 +316,7 @@ def test_bench_counts_an_exact_tail_in_bits_per_value():
     from pyturbo.bench.cpu import config_bpw
     assert config_bpw(18, "turboq3", "turboq3", {}, 512) == 3.125
     assert config_bpw(30, "turboq3", "turboq3", {}, 512, 64, 64) == 3.25  # head_dim 64: the _g64 twins
+    assert config_bpw(32, "turboq3", "turboq4", {}, 512, 96, 96) == 4.0  # head_dim 96: the _g32 twins, 3.5 and 4.5
     assert config_bpw(18, "turboq3", "turboq3", {"TURBOQ_EXACT_TAIL": "16"}, 512) == pytest.approx(3.125 + 12.875 * 16 / 512)
     assert config_bpw(18, "turboq3", "turboq3", {"TURBOQ_EXACT_TAIL": "16"}, 8192) == pytest.approx(3.150, abs=5e-4)
     assert config_bpw(18, "q4_0", "q4_0", {"TURBOQ_EXACT_TAIL": "1024"}, 512) == 16

@@ -133,15 +133,17 @@ def test_a_seeded_build_refuses_turboq_layers_on_rpc(rpc_endpoints, seeded_build
     assert r.returncode != 0 and f"PYTURBO_SIGN_SEED={seed} (a debug build option)" in r.stderr, r.stderr
 
 
-def test_a_64_value_turboq_cache_is_refused_on_rpc(rpc_endpoints):
-    """Head size 64 takes the _g64 twins, which an RPC server's build may lack (issue 22): a layer
-    on an RPC server is refused, naming the layer, the head size and what works, with its cache
-    there and with it kept here (--no-kv-offload: the layer's flash attention would still run on
-    the server, which claims every op and may have a GPU or an older build); the same model runs
-    on this machine."""
-    path, text = data.tiny_model(head_dim=64, n_layer=4), data.corpus_slice(12000)
+@pytest.mark.parametrize("head_dim,g", [(64, 64), (96, 32)])
+def test_a_twin_turboq_cache_is_refused_on_rpc(rpc_endpoints, head_dim, g):
+    """Head size 64 takes the _g64 twins, 96 the _g32 twins, which an RPC server's build may lack
+    (issue 22): a layer on an RPC server is refused, naming the layer, the head size and what works,
+    with its cache there and with it kept here (--no-kv-offload: the layer's flash attention would
+    still run on the server, which claims every op and may have a GPU or an older build); the same
+    model runs on this machine."""
+    path, text = data.tiny_model(head_dim=head_dim, n_layer=4), data.corpus_slice(12000)
     rpc = ("--rpc", ",".join(rpc_endpoints), "-ngl", "99")
     for extra in (rpc, (*rpc, "--no-kv-offload")):
-        with pytest.raises(RuntimeError, match=r"layer 0: head size 64: .*turboq3_g64.*RPC.*an RPC server, whose build may lack them.*q8_0"):
+        with pytest.raises(RuntimeError, match=rf"layer 0: head size {head_dim}: its turboq cache stores {g}-value groups "
+                                               rf"\(turboq3_g{g}\).*RPC.*an RPC server, whose build may lack them.*q8_0"):
             perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=1, extra=extra)
     assert perplexity(path, text, "turboq3", "turboq3", ctx=256, chunks=1).ppl > 0

@@ -151,6 +151,7 @@ def test_api_key_guards_everything_but_health(engine, build_info):
 @pytest.mark.parametrize("flags, message", [
     (["-ctk", "turboq9"], "unknown KV cache type 'turboq9'"),
     (["-ctv", "turboq4_g64"], "ask for 'turboq4'"),
+    (["-ctk", "turboq2_g32"], "ask for 'turboq2'"),
     (["--layer-adaptive", "4"], "valid modes are 0, 1, 2, 3, 5, 6, 7"),
     (["--parallel", "0"], "--parallel 0"),
     (["--model", "/no/such.gguf"], "/no/such.gguf: no such file"),

@@ -1,11 +1,11 @@
-"""The KV-cache codecs in torch: turboq2/3/4/8 and their _g64 twins (64-value groups) bit for bit
+"""The KV-cache codecs in torch: turboq2/3/4/8 and their twins (_g64, _g32: 64- and 32-value groups) bit for bit
 equal to pyturbo.lab.reference and the C codec, q8_0 equal to ggml's reference quantizer, and the
 plain float types.
 
 Rows are [..., n] float tensors; a row's bytes are [..., n // block_size * block_bytes] uint8, the
 blocks of the row in order, exactly as one llama.cpp cache row holds them. Every float operation
 of the turboq path is float32 and in the C order (pyturbo/lab/reference.py documents it): fixed
-halving-tree sums, Walsh-Hadamard butterflies h = 1..64, no fused multiply-add (torch's eager
+halving-tree sums, Walsh-Hadamard butterflies h = 1..g/2, no fused multiply-add (torch's eager
 elementwise ops on the CPU never fuse).
 """
 from __future__ import annotations
@@ -19,10 +19,10 @@ import torch
 
 from ..lab.codebook import D, SIGN_SEED, codebooks, thresholds
 from ..lab.signs import sign_lists
-from ..types import TURBOQ_G64_TYPES, TURBOQ_TYPES, CacheType, cache_type
+from ..types import TURBOQ_TWIN_TYPES, TURBOQ_TYPES, CacheType, cache_type, turboq_base
 
 FLOAT_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-SUPPORTED = ("f32", "f16", "bf16", "q8_0", *TURBOQ_TYPES, *TURBOQ_G64_TYPES)
+SUPPORTED = ("f32", "f16", "bf16", "q8_0", *TURBOQ_TYPES, *TURBOQ_TWIN_TYPES)
 QK8_0 = 32
 FP16_MAX = 65504.0
 
@@ -37,8 +37,8 @@ def _group(name: str) -> int:
 
 
 def _base(name: str) -> str:
-    """turboq2/3/4/8 for a type and its _g64 twin (their layouts differ only in size)."""
-    return name.removesuffix("_g64")
+    """turboq2/3/4/8 for a type and its twins (their layouts differ only in size)."""
+    return turboq_base(name)
 
 
 def check_type(name: str | CacheType) -> CacheType:
@@ -98,7 +98,7 @@ def tree_sum(v: torch.Tensor) -> torch.Tensor:
 
 
 def fwht(v: torch.Tensor) -> torch.Tensor:
-    """Unnormalised Walsh-Hadamard transform over the last axis (128 or 64), butterflies h = 1, 2, ..."""
+    """Unnormalised Walsh-Hadamard transform over the last axis (128, 64 or 32), butterflies h = 1, 2, ..."""
     lead, g = v.shape[:-1], v.shape[-1]
     h = 1
     while h < g:
@@ -201,7 +201,7 @@ def _inverse_rotation(g: int = D) -> torch.Tensor:
 
 @lru_cache(maxsize=None)
 def _inverse_rotation_for(seed: int, g: int = D) -> torch.Tensor:
-    """The decoding rotation as a matrix: x = y @ M, M = D2 . H . D1 / sqrt(g) (g = 128, or 64)."""
+    """The decoding rotation as a matrix: x = y @ M, M = D2 . H . D1 / sqrt(g) (g = 128, 64 or 32)."""
     s1, s2 = _signs(seed)
     s1, s2 = s1[:g], s2[:g]
     h = fwht(torch.eye(g, dtype=torch.float32))
@@ -267,7 +267,7 @@ def _decode_fast(name: str, b: torch.Tensor) -> torch.Tensor:
 
 
 def turboq_decode_blocks(name: str, blocks: torch.Tensor, exact: bool = True) -> torch.Tensor:
-    """float32 groups [n, g] in the original domain (g: 128, or 64 for the _g64 types).
+    """float32 groups [n, g] in the original domain (g: 128, or 64/32 for the _g64/_g32 types).
 
     exact: the C's butterflies, bit for bit. Otherwise byte lookups and one [n,g] x [g,g]
     matmul, about 15x faster on the CPU and within a few float32 ulps (another summation order),

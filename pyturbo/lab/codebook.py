@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from .._paths import REPO_ROOT
+from ..types import TWIN_GROUPS  # the _g64 and _g32 twins' groups: 64 and 32
 from . import signs as _signs
 from .signs import D, SIGN_SEED  # noqa: F401 (the lab and hf/ import them from here)
 
 LLOYD_MAX_BITS = (2, 3, 4)
 GRID8_LEVELS = 256
-G64 = 64  # the _g64 types' group: head sizes that are a multiple of 64 but not of 128
 
 _FILES = REPO_ROOT / "ggml_patches" / "files" / "ggml" / "src"
 HEADER_PATH = _FILES / "ggml-turboq-tables.h"
@@ -120,22 +120,25 @@ def grid8_vector_mse() -> float:
 
 
 def codebooks() -> dict[str, np.ndarray]:
-    """float32 centroid tables, by type name (the _g64 types' for a unit vector in R^64)."""
+    """float32 centroid tables, by type name (the _gN types' for a unit vector in R^N)."""
     out = {f"turboq{b}": lloyd_max(b).centroids.astype(np.float32) for b in LLOYD_MAX_BITS}
-    out.update({f"turboq{b}_g64": lloyd_max(b, d=G64).centroids.astype(np.float32) for b in LLOYD_MAX_BITS})
-    out["turboq8"] = out["turboq8_g64"] = grid8_centroids().astype(np.float32)
+    for g in TWIN_GROUPS:
+        out.update({f"turboq{b}_g{g}": lloyd_max(b, d=g).centroids.astype(np.float32) for b in LLOYD_MAX_BITS})
+        out[f"turboq8_g{g}"] = grid8_centroids().astype(np.float32)
+    out["turboq8"] = grid8_centroids().astype(np.float32)
     return out
 
 
 def thresholds() -> dict[str, np.ndarray]:
     """float32 decision thresholds of the Lloyd-Max types: index = count(threshold < y)."""
     out = {f"turboq{b}": lloyd_max(b).thresholds.astype(np.float32) for b in LLOYD_MAX_BITS}
-    out.update({f"turboq{b}_g64": lloyd_max(b, d=G64).thresholds.astype(np.float32) for b in LLOYD_MAX_BITS})
+    for g in TWIN_GROUPS:
+        out.update({f"turboq{b}_g{g}": lloyd_max(b, d=g).thresholds.astype(np.float32) for b in LLOYD_MAX_BITS})
     return out
 
 
 def theoretical_vector_mse(type_name: str) -> float:
-    """For turboq2/3/4/8 (the _g64 types are not covered)."""
+    """For turboq2/3/4/8 (the _gN types are not covered)."""
     if type_name == "turboq8":
         return grid8_vector_mse()
     return lloyd_max(int(type_name[-1])).vector_mse
@@ -159,7 +162,7 @@ def render_header() -> str:
         "",
         f"#define TURBOQ_GROUP {D}",
         f"#define TURBOQ_INV_SQRT_GROUP {float(np.float32(1.0 / np.sqrt(D))):.9e}f",
-        f"#define TURBOQ_G64_INV_SQRT_GROUP {float(np.float32(1.0 / np.sqrt(G64))):.9e}f",
+        *(f"#define TURBOQ_G{g}_INV_SQRT_GROUP {float(np.float32(1.0 / np.sqrt(g))):.9e}f" for g in TWIN_GROUPS),
         "",
         "// CUDA includes this with TURBOQ_TABLE defined as `static __constant__ const`",
         "#ifndef TURBOQ_TABLE",
@@ -173,13 +176,14 @@ def render_header() -> str:
         parts.append(f"// {1 << b} levels; E||u - Q(u)||^2 = {lm.vector_mse:.6f} for a unit vector")
         parts.append(f"TURBOQ_TABLE float turboq{b}_centroids[{1 << b}] = {{\n{_c_floats(cbs[f'turboq{b}'])}\n}};")
         parts.append(f"TURBOQ_TABLE float turboq{b}_thresholds[{(1 << b) - 1}] = {{\n{_c_floats(thr[f'turboq{b}'])}\n}};\n")
-    parts.append("// The _g64 types (64-value groups): the first 64 signs of each table above, and")
-    parts.append("// Lloyd-Max codebooks for a unit vector in R^64; turboq8_g64 takes turboq8's grid.")
-    for b in LLOYD_MAX_BITS:
-        lm = lloyd_max(b, d=G64)
-        parts.append(f"// {1 << b} levels; E||u - Q(u)||^2 = {G64 * lm.mse:.6f} for a unit vector in R^64")
-        parts.append(f"TURBOQ_TABLE float turboq{b}_g64_centroids[{1 << b}] = {{\n{_c_floats(cbs[f'turboq{b}_g64'])}\n}};")
-        parts.append(f"TURBOQ_TABLE float turboq{b}_g64_thresholds[{(1 << b) - 1}] = {{\n{_c_floats(thr[f'turboq{b}_g64'])}\n}};\n")
+    for g in TWIN_GROUPS:
+        parts.append(f"// The _g{g} types ({g}-value groups): the first {g} signs of each table above, and")
+        parts.append(f"// Lloyd-Max codebooks for a unit vector in R^{g}; turboq8_g{g} takes turboq8's grid.")
+        for b in LLOYD_MAX_BITS:
+            lm = lloyd_max(b, d=g)
+            parts.append(f"// {1 << b} levels; E||u - Q(u)||^2 = {g * lm.mse:.6f} for a unit vector in R^{g}")
+            parts.append(f"TURBOQ_TABLE float turboq{b}_g{g}_centroids[{1 << b}] = {{\n{_c_floats(cbs[f'turboq{b}_g{g}'])}\n}};")
+            parts.append(f"TURBOQ_TABLE float turboq{b}_g{g}_thresholds[{(1 << b) - 1}] = {{\n{_c_floats(thr[f'turboq{b}_g{g}'])}\n}};\n")
     parts.append("")
     parts.append(f"// uniform grid (i - 127.5) / 127.5; E||u - Q(u)||^2 ~= {grid8_vector_mse():.3e} for a unit vector")
     parts.append(f"TURBOQ_TABLE float turboq8_centroids[{GRID8_LEVELS}] = {{\n{_c_floats(cbs['turboq8'])}\n}};")
@@ -203,8 +207,9 @@ def render_glsl() -> str:
         "",
         f"const uint TURBOQ_GROUP = {D}u;",
         f"const float TURBOQ_INV_SQRT_GROUP = {float(np.float32(1.0 / np.sqrt(D))):.9e};",
-        f"const uint TURBOQ_G64_GROUP = {G64}u;",
-        f"const float TURBOQ_G64_INV_SQRT_GROUP = {float(np.float32(1.0 / np.sqrt(G64))):.9e};",
+        *(line for g in TWIN_GROUPS for line in (
+            f"const uint TURBOQ_G{g}_GROUP = {g}u;",
+            f"const float TURBOQ_G{g}_INV_SQRT_GROUP = {float(np.float32(1.0 / np.sqrt(g))):.9e};")),
         "",
     ]
     parts.append(_signs.glsl_block())
@@ -214,10 +219,11 @@ def render_glsl() -> str:
         parts.append(_glsl_floats(f"turboq{b}_thresholds", thr[f"turboq{b}"]))
     parts.append(_glsl_floats("turboq8_centroids", cbs["turboq8"]))
     parts.append("")
-    parts.append("// the _g64 types: the first 64 signs above, their own Lloyd-Max tables, turboq8's grid")
-    for b in LLOYD_MAX_BITS:
-        parts.append(_glsl_floats(f"turboq{b}_g64_centroids", cbs[f"turboq{b}_g64"]))
-        parts.append(_glsl_floats(f"turboq{b}_g64_thresholds", thr[f"turboq{b}_g64"]))
+    for g in TWIN_GROUPS:
+        parts.append(f"// the _g{g} types: the first {g} signs above, their own Lloyd-Max tables, turboq8's grid")
+        for b in LLOYD_MAX_BITS:
+            parts.append(_glsl_floats(f"turboq{b}_g{g}_centroids", cbs[f"turboq{b}_g{g}"]))
+            parts.append(_glsl_floats(f"turboq{b}_g{g}_thresholds", thr[f"turboq{b}_g{g}"]))
     parts.append("")
     parts.append("#endif")
     return "\n".join(parts) + "\n"

@@ -10,15 +10,20 @@ Block layouts (little endian, one block per 128 values):
   turboq4 (68 B): f16 norm | f16 rnorm (reserved, always 0) | qs[64]: byte i = value i (low nibble), i+64 (high)
   turboq8 (130 B): f16 scale | qs[128]: one grid index per value
 Decoding a block: y_i = norm * centroid[idx_i]; x = D1 . H . D2 . y / sqrt(128).
-The _g64 types are the same on 64-value groups (read 64 for 128, 16 for 32 and so on; turboq4_g64
-has no reserved field), with the first 64 signs of each table and their own codebooks.
+The twins are the same on smaller groups, with the first g signs of each table, scale 1/sqrt(g),
+their own codebooks (turboq8's grid for turboq8_gN) and no reserved field in turboq4_gN:
+  _g64 (64 values): read 64 for 128, 16 for 32 and so on (18, 26, 34, 66 B)
+  _g32 (32 values): read 32 for 128, 8 for 32 and so on (10, 14, 18, 34 B): turboq2_g32's qs[8]
+    byte i holds values i, i+8, i+16, i+24; turboq3_g32's qh[4] byte i bit k the high bit of value
+    i+4k; turboq4_g32's qs[16] byte i values i (low nibble) and i+16 (high)
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .codebook import D, codebooks, rotation_signs, thresholds
-from ..types import cache_type
+from ..types import cache_type, turboq_base
+
 
 def _group(type_name: str) -> int:
     return cache_type(type_name).block_size
@@ -30,14 +35,16 @@ def _signs(g: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _base(type_name: str) -> str:
-    """turboq2/3/4/8 for a type and its _g64 twin (their layouts differ only in size)."""
-    return type_name.removesuffix("_g64")
+    """turboq2/3/4/8 for a type and its twins (their layouts differ only in size)."""
+    return turboq_base(type_name)
+
+
 FP16_MAX = np.float32(65504.0)
 _f32 = np.float32
 
 
 def tree_sum(v: np.ndarray) -> np.ndarray:
-    """Sum over the last axis (length 128) by repeated halving, as the C code does."""
+    """Sum over the last axis (length 128, 64 or 32) by repeated halving, as the C code does."""
     while v.shape[-1] > 1:
         h = v.shape[-1] // 2
         v = v[..., :h] + v[..., h:]
@@ -45,7 +52,7 @@ def tree_sum(v: np.ndarray) -> np.ndarray:
 
 
 def fwht(v: np.ndarray) -> np.ndarray:
-    """Unnormalised Walsh-Hadamard transform over the last axis (length 128, or 64)."""
+    """Unnormalised Walsh-Hadamard transform over the last axis (length 128, 64 or 32)."""
     lead, g = v.shape[:-1], v.shape[-1]
     h = 1
     while h < g:
@@ -57,7 +64,7 @@ def fwht(v: np.ndarray) -> np.ndarray:
 
 
 def rotate(v: np.ndarray) -> np.ndarray:
-    """Each group over the last axis (128 or 64 values) rotated."""
+    """Each group over the last axis (128, 64 or 32 values) rotated."""
     s1, s2 = _signs(v.shape[-1])
     return (fwht(v * s1) * np.float32(1.0 / np.sqrt(v.shape[-1]))) * s2
 

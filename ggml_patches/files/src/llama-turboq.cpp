@@ -21,6 +21,7 @@ namespace {
 constexpr ggml_type KEEP = GGML_TYPE_COUNT; // the layer keeps the requested type
 constexpr int QK_G128 = 128; // values per rotation group (ggml_turboq_group)
 constexpr int QK_G64  = 64;
+constexpr int QK_G32  = 32;
 
 // set while the K-centering calibration context is built and run (llama-turboq-center.cpp): it is
 // a plain f16 context, whatever the layer-adaptive mode says
@@ -241,10 +242,22 @@ llama_turboq_layer_types llama_turboq_layer_types_for(int mode, bool boundary, g
 }
 
 ggml_type llama_turboq_type_for_head(ggml_type type, uint32_t n_embd_head) {
-    if (!ggml_is_turboq(type) || n_embd_head % QK_G128 == 0 || n_embd_head % QK_G64 != 0) {
+    if (!ggml_is_turboq(type) || n_embd_head % QK_G32 != 0) {
         return type;
     }
-    return (ggml_type) (GGML_TYPE_TURBOQ2_G64 + (type - GGML_TYPE_TURBOQ2_0));
+    // debug: a smaller group than the head size needs (64 or 32), to measure a twin's quality on
+    // a model whose heads do not call for it
+    const char * env   = std::getenv("TURBOQ_GROUP");
+    const int    force = env ? std::atoi(env) : 0;
+    int group = n_embd_head % QK_G128 == 0 ? QK_G128 : n_embd_head % QK_G64 == 0 ? QK_G64 : QK_G32;
+    if ((force == QK_G64 || force == QK_G32) && force < group) {
+        group = force;
+    }
+    if (group == QK_G128) {
+        return type;
+    }
+    const ggml_type twin0 = group == QK_G64 ? GGML_TYPE_TURBOQ2_G64 : GGML_TYPE_TURBOQ2_G32;
+    return (ggml_type) (twin0 + (type - GGML_TYPE_TURBOQ2_0));
 }
 
 uint32_t llama_turboq_head_block(ggml_type type, uint32_t n_embd_head) {
@@ -256,15 +269,17 @@ llama_turboq_layer_types llama_turboq_fit_heads(const llama_turboq_layer_types &
     const ggml_type type_k = llama_turboq_type_for_head(lt.type_k, n_embd_head_k);
     if (is_mla) {
         if (type_k != lt.type_k) {
-            LLAMA_LOG_INFO("%s: layer %3u: head size %u: K %s (turboq in 64-value groups), read as V through its first %u "
-                           "values (MLA)\n", __func__, il, n_embd_head_k, ggml_type_name(type_k), n_embd_head_v);
+            LLAMA_LOG_INFO("%s: layer %3u: head size %u: K %s (turboq in %d-value groups), read as V through its first %u "
+                           "values (MLA)\n", __func__, il, n_embd_head_k, ggml_type_name(type_k), ggml_turboq_group(type_k), n_embd_head_v);
         }
         return { type_k, type_k };
     }
     const llama_turboq_layer_types fit = { type_k, llama_turboq_type_for_head(lt.type_v, n_embd_head_v) };
     if (fit.type_k != lt.type_k || fit.type_v != lt.type_v) {
-        LLAMA_LOG_INFO("%s: layer %3u: head size %u: K %s, V %s (turboq in 64-value groups)\n", __func__, il,
-                       fit.type_k != lt.type_k ? n_embd_head_k : n_embd_head_v, ggml_type_name(fit.type_k), ggml_type_name(fit.type_v));
+        const ggml_type twin = fit.type_k != lt.type_k ? fit.type_k : fit.type_v;
+        LLAMA_LOG_INFO("%s: layer %3u: head size %u: K %s, V %s (turboq in %d-value groups)\n", __func__, il,
+                       fit.type_k != lt.type_k ? n_embd_head_k : n_embd_head_v, ggml_type_name(fit.type_k), ggml_type_name(fit.type_v),
+                       ggml_turboq_group(twin));
     }
     return fit;
 }
@@ -312,8 +327,9 @@ kv_ops_on_device device_takes_kv_types(ggml_backend_dev_t dev, const llama_turbo
 
 void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_backend_dev_t dev, uint32_t il,
                                      uint32_t n_embd_head_k, uint32_t n_embd_head_v, uint32_t n_gqa) {
-    const bool k64 = ggml_turboq_group(lt.type_k) == QK_G64;
-    const bool v64 = ggml_turboq_group(lt.type_v) == QK_G64;
+    // a twin: 64- or 32-value groups
+    const bool k64 = ggml_turboq_group(lt.type_k) == QK_G64 || ggml_turboq_group(lt.type_k) == QK_G32;
+    const bool v64 = ggml_turboq_group(lt.type_v) == QK_G64 || ggml_turboq_group(lt.type_v) == QK_G32;
     const bool any = ggml_turboq_group(lt.type_k) || ggml_turboq_group(lt.type_v);
     if (!any || dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
         return;
@@ -342,22 +358,24 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
         return;
     }
     const uint32_t n_embd_head = k64 ? n_embd_head_k : n_embd_head_v;
-    const char *   type_name   = ggml_type_name(k64 ? lt.type_k : lt.type_v);
+    const ggml_type twin        = k64 ? lt.type_k : lt.type_v;
+    const char *    type_name   = ggml_type_name(twin);
+    const int       group       = ggml_turboq_group(twin);
     // an RPC server's build may lack the twins whatever its device claims here
     if (is_rpc(dev)) {
-        throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores 64-value groups (%s), and this "
+        throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores %d-value groups (%s), and this "
             "layer runs on %s, an RPC server, whose build may lack them (its attention would run there even with the "
             "cache kept here); run the layer on this machine or use q8_0 or q4_0, whose 32-value blocks every backend "
-            "takes", il, n_embd_head, type_name, ggml_backend_dev_name(dev)));
+            "takes", il, n_embd_head, group, type_name, ggml_backend_dev_name(dev)));
     }
     // other devices answer for themselves
     const kv_ops_on_device ops = device_takes_kv_types(dev, lt, n_embd_head_k, n_embd_head_v, n_gqa);
     if (!ops.set_rows || !ops.attention) {
-        throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores 64-value groups (%s), and this "
+        throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores %d-value groups (%s), and this "
             "layer's KV cache is on %s, which declines their SET_ROWS or flash attention (the CPU backend computes "
-            "them, Vulkan at head sizes 64 and 192 and MLA's 576, CUDA not yet); keep the KV cache on the CPU (--no-kv-offload, "
+            "them, Vulkan at head sizes 64, 96 and 192 and MLA's 576, CUDA not yet); keep the KV cache on the CPU (--no-kv-offload, "
             "offload_kqv=False) or use q8_0 or q4_0, whose 32-value blocks every backend takes",
-            il, n_embd_head, type_name, ggml_backend_dev_name(dev)));
+            il, n_embd_head, group, type_name, ggml_backend_dev_name(dev)));
     }
 }
 
@@ -366,8 +384,8 @@ void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t 
         return;
     }
     const bool blocks_of_32 = n_embd_head % ggml_blck_size(GGML_TYPE_Q8_0) == 0 && n_embd_head % ggml_blck_size(GGML_TYPE_Q4_0) == 0;
-    LLAMA_LOG_ERROR("%s: layer %u: %s cache %s: turboq types rotate and store groups of 128 values, or of 64 (CPU and Vulkan) "
-        "for head sizes that are a multiple of 64, and this model's is %u; caches that work with it: %s\n", __func__, il, side,
+    LLAMA_LOG_ERROR("%s: layer %u: %s cache %s: turboq types rotate and store groups of 128 values, or of 64 or 32 (CPU and "
+        "Vulkan) for head sizes that are a multiple of 64 or 32, and this model's is %u; caches that work with it: %s\n", __func__, il, side,
         ggml_type_name(type), n_embd_head,
         blocks_of_32 ? "q8_0 (8.5 bits per value) or q4_0 (4.5), whose blocks are 32 values, or f16" : "f16");
 }

@@ -30,8 +30,8 @@
 #define TURBOQ_FP16_MAX 65504.0f
 
 // The element-wise steps of encoding one group of `group` values (see ggml-turboq.c for the
-// algorithm): 128 for the shipped types, whose steps an architecture may accelerate, 64 for the
-// _G64 types (generic steps only).
+// algorithm): 128 for the shipped types, whose steps an architecture may accelerate, 64 and 32
+// for the _G64 and _G32 types (generic steps only).
 struct turboq_encode_steps {
     int   group;
     float (*absmax)(const float * x);                           // max |x_i|, non-finite when some x_i is
@@ -139,6 +139,7 @@ static inline void turboq_generic_lookup_n(const float * tab, int n_tab, const u
 
 TURBOQ_GENERIC_STEPS_OF(, TURBOQ_GROUP)
 TURBOQ_GENERIC_STEPS_OF(64, QK_TURBOQ_G64)
+TURBOQ_GENERIC_STEPS_OF(32, QK_TURBOQ_G32)
 
 // the layouts (ggml-common.h): 2-bit fields qs[i] = idx[i] | idx[i+32] << 2 | idx[i+64] << 4 | idx[i+96] << 6
 static inline void turboq_generic_pack2(const uint8_t * idx, void * blk) {
@@ -197,6 +198,34 @@ static inline void turboq_generic64_pack8(const uint8_t * idx, void * blk) {
     memcpy(((block_turboq8_g64 *) blk)->qs, idx, QK_TURBOQ_G64);
 }
 
+// the _G32 layouts: as above with 32 for 128
+static inline void turboq_generic32_pack2(const uint8_t * idx, void * blk) {
+    block_turboq2_g32 * b = (block_turboq2_g32 *) blk;
+    for (int i = 0; i < 8; ++i) {
+        b->qs[i] = (uint8_t) ((idx[i] & 3) | (idx[i + 8] & 3) << 2 | (idx[i + 16] & 3) << 4 | (idx[i + 24] & 3) << 6);
+    }
+}
+
+static inline void turboq_generic32_pack3(const uint8_t * idx, void * blk) {
+    block_turboq3_g32 * b = (block_turboq3_g32 *) blk;
+    static_assert(offsetof(block_turboq3_g32, qs) == offsetof(block_turboq2_g32, qs), "turboq3_g32 extends turboq2_g32's layout");
+    turboq_generic32_pack2(idx, blk);
+    for (int i = 0; i < 4; ++i) {
+        uint8_t h = 0;
+        for (int k = 0; k < 8; ++k) h |= ((idx[i + 4*k] >> 2) & 1) << k;
+        b->qh[i] = h;
+    }
+}
+
+static inline void turboq_generic32_pack4(const uint8_t * idx, void * blk) {
+    block_turboq4_g32 * b = (block_turboq4_g32 *) blk;
+    for (int i = 0; i < 16; ++i) b->qs[i] = (uint8_t) ((idx[i] & 15) | (idx[i + 16] & 15) << 4);
+}
+
+static inline void turboq_generic32_pack8(const uint8_t * idx, void * blk) {
+    memcpy(((block_turboq8_g32 *) blk)->qs, idx, QK_TURBOQ_G32);
+}
+
 static const struct turboq_encode_steps turboq_generic_steps = {
     .group            = TURBOQ_GROUP,
     .absmax           = turboq_generic_absmax,
@@ -222,6 +251,18 @@ static const struct turboq_encode_steps turboq_generic64_steps = {
     .lookup           = turboq_generic64_lookup,
     .pack             = { turboq_generic64_pack2, turboq_generic64_pack3, turboq_generic64_pack4, turboq_generic64_pack8 },
 };
+static const struct turboq_encode_steps turboq_generic32_steps = {
+    .group            = QK_TURBOQ_G32,
+    .absmax           = turboq_generic32_absmax,
+    .div_square       = turboq_generic32_div_square,
+    .tree_sum         = turboq_generic32_tree_sum,
+    .fwht             = turboq_generic32_fwht,
+    .scale_signs      = turboq_generic32_scale_signs,
+    .index_thresholds = turboq_generic32_index_thresholds,
+    .index_grid       = turboq_generic32_index_grid,
+    .lookup           = turboq_generic32_lookup,
+    .pack             = { turboq_generic32_pack2, turboq_generic32_pack3, turboq_generic32_pack4, turboq_generic32_pack8 },
+};
 
 // ---- the codebooks ----
 
@@ -234,10 +275,11 @@ struct turboq_codebook {
     int           n_thresholds;
 };
 
-static_assert(GGML_TYPE_TURBOQ2_G64 == GGML_TYPE_TURBOQ8_0 + 1 && GGML_TYPE_TURBOQ8_G64 == GGML_TYPE_TURBOQ2_0 + 7,
-              "the turboq types are eight consecutive ids: turboq2/3/4/8, then their _G64 twins");
+static_assert(GGML_TYPE_TURBOQ2_G64 == GGML_TYPE_TURBOQ8_0 + 1 && GGML_TYPE_TURBOQ8_G64 == GGML_TYPE_TURBOQ2_0 + 7 &&
+              GGML_TYPE_TURBOQ2_G32 == GGML_TYPE_TURBOQ8_G64 + 1 && GGML_TYPE_TURBOQ8_G32 == GGML_TYPE_TURBOQ2_0 + 11,
+              "the turboq types are twelve consecutive ids: turboq2/3/4/8, then their _G64 and _G32 twins");
 
-// 0..7 for turboq2/3/4/8 and turboq2/3/4/8_g64
+// 0..11 for turboq2/3/4/8, turboq2/3/4/8_g64 and turboq2/3/4/8_g32
 static inline int turboq_type_index(enum ggml_type type) {
     GGML_ASSERT(ggml_turboq_group(type) != 0);
     return (int) (type - GGML_TYPE_TURBOQ2_0);
@@ -252,6 +294,10 @@ static const struct turboq_codebook turboq_codebooks[] = {
     { QK_TURBOQ_G64, sizeof(block_turboq3_g64), turboq3_g64_centroids, turboq3_g64_thresholds, 7  },
     { QK_TURBOQ_G64, sizeof(block_turboq4_g64), turboq4_g64_centroids, turboq4_g64_thresholds, 15 },
     { QK_TURBOQ_G64, sizeof(block_turboq8_g64), turboq8_centroids,     NULL,                   0  },
+    { QK_TURBOQ_G32, sizeof(block_turboq2_g32), turboq2_g32_centroids, turboq2_g32_thresholds, 3  },
+    { QK_TURBOQ_G32, sizeof(block_turboq3_g32), turboq3_g32_centroids, turboq3_g32_thresholds, 7  },
+    { QK_TURBOQ_G32, sizeof(block_turboq4_g32), turboq4_g32_centroids, turboq4_g32_thresholds, 15 },
+    { QK_TURBOQ_G32, sizeof(block_turboq8_g32), turboq8_centroids,     NULL,                   0  },
 };
 
 static inline const struct turboq_codebook * turboq_codebook_of(enum ggml_type type) {
@@ -260,7 +306,7 @@ static inline const struct turboq_codebook * turboq_codebook_of(enum ggml_type t
 
 // 1/sqrt(group)
 static inline float turboq_inv_sqrt_group(int group) {
-    return group == QK_TURBOQ_G64 ? TURBOQ_G64_INV_SQRT_GROUP : TURBOQ_INV_SQRT_GROUP;
+    return group == QK_TURBOQ_G64 ? TURBOQ_G64_INV_SQRT_GROUP : group == QK_TURBOQ_G32 ? TURBOQ_G32_INV_SQRT_GROUP : TURBOQ_INV_SQRT_GROUP;
 }
 
 static inline int turboq_codebook_levels(const struct turboq_codebook * cb) {
@@ -341,7 +387,8 @@ static inline void turboq_quantize_row_with(const struct turboq_encode_steps * s
 }
 
 // the steps for a type: st128 (an architecture's or the generic ones) for the 128-value types,
-// the generic 64-value steps for the _G64 types
+// the generic 64- and 32-value steps for the _G64 and _G32 types
 static inline const struct turboq_encode_steps * turboq_steps_for(enum ggml_type type, const struct turboq_encode_steps * st128) {
-    return turboq_codebook_of(type)->group == QK_TURBOQ_G64 ? &turboq_generic64_steps : st128;
+    const int g = turboq_codebook_of(type)->group;
+    return g == QK_TURBOQ_G64 ? &turboq_generic64_steps : g == QK_TURBOQ_G32 ? &turboq_generic32_steps : st128;
 }

@@ -7,6 +7,7 @@
 #define TURBOQ_GROUP 128
 #define TURBOQ_INV_SQRT_GROUP 8.838834614e-02f
 #define TURBOQ_G64_INV_SQRT_GROUP 1.250000000e-01f
+#define TURBOQ_G32_INV_SQRT_GROUP 1.767766923e-01f
 
 // CUDA includes this with TURBOQ_TABLE defined as `static __constant__ const`
 #ifndef TURBOQ_TABLE
@@ -99,6 +100,40 @@ TURBOQ_TABLE float turboq4_g64_thresholds[15] = {
     -9.891840070e-02f, -6.471540779e-02f, -3.201244026e-02f, 0.000000000e+00f,
     3.201244026e-02f, 6.471540779e-02f, 9.891840070e-02f, 1.357279718e-01f,
     1.769137532e-01f, 2.259074450e-01f, 2.918752432e-01f
+};
+
+// The _g32 types (32-value groups): the first 32 signs of each table above, and
+// Lloyd-Max codebooks for a unit vector in R^32; turboq8_g32 takes turboq8's grid.
+// 4 levels; E||u - Q(u)||^2 = 0.111600 for a unit vector in R^32
+TURBOQ_TABLE float turboq2_g32_centroids[4] = {
+    -2.633205950e-01f, -7.980253547e-02f, 7.980253547e-02f, 2.633205950e-01f
+};
+TURBOQ_TABLE float turboq2_g32_thresholds[3] = {
+    -1.715615541e-01f, 0.000000000e+00f, 1.715615541e-01f
+};
+
+// 8 levels; E||u - Q(u)||^2 = 0.032261 for a unit vector in R^32
+TURBOQ_TABLE float turboq3_g32_centroids[8] = {
+    -3.662743568e-01f, -2.324675471e-01f, -1.317619830e-01f, -4.285391420e-02f,
+    4.285391420e-02f, 1.317619830e-01f, 2.324675471e-01f, 3.662743568e-01f
+};
+TURBOQ_TABLE float turboq3_g32_thresholds[7] = {
+    -2.993709445e-01f, -1.821147650e-01f, -8.730794489e-02f, 0.000000000e+00f,
+    8.730794489e-02f, 1.821147650e-01f, 2.993709445e-01f
+};
+
+// 16 levels; E||u - Q(u)||^2 = 0.008774 for a unit vector in R^32
+TURBOQ_TABLE float turboq4_g32_centroids[16] = {
+    -4.534445703e-01f, -3.499451578e-01f, -2.765871584e-01f, -2.162127197e-01f,
+    -1.629404128e-01f, -1.139134094e-01f, -6.743611395e-02f, -2.233367227e-02f,
+    2.233367227e-02f, 6.743611395e-02f, 1.139134094e-01f, 1.629404128e-01f,
+    2.162127197e-01f, 2.765871584e-01f, 3.499451578e-01f, 4.534445703e-01f
+};
+TURBOQ_TABLE float turboq4_g32_thresholds[15] = {
+    -4.016948640e-01f, -3.132661581e-01f, -2.463999391e-01f, -1.895765662e-01f,
+    -1.384269148e-01f, -9.067475796e-02f, -4.488489032e-02f, 0.000000000e+00f,
+    4.488489032e-02f, 9.067475796e-02f, 1.384269148e-01f, 1.895765662e-01f,
+    2.463999391e-01f, 3.132661581e-01f, 4.016948640e-01f
 };
 
 

@@ -1,7 +1,7 @@
 // TurboQuant KV-cache codec (pyturbo).
 //
-// Encoding one 128-value group x (the _g64 types: 64 values, the first 64 signs and their own
-// codebooks; read 64 for 128 below):
+// Encoding one 128-value group x (the _g64/_g32 types: 64/32 values, the first 64/32 signs and
+// their own codebooks; read 64 or 32 for 128 below):
 //   1. amax = max|x_i|; a group with a NaN/Inf or all zeros is stored as an all-zero block, so a
 //      bad value never reaches (and poisons) the softmax of other tokens.
 //   2. u = x/amax, r = ||u|| (dividing first keeps huge and denormal inputs in range), v = u/r.
@@ -111,9 +111,37 @@ static void turboq8_g64_unpack(const void * blk, uint8_t * idx) {
     memcpy(idx, ((const block_turboq8_g64 *) blk)->qs, QK_TURBOQ_G64);
 }
 
+static void turboq2_g32_unpack(const void * blk, uint8_t * idx) {
+    const block_turboq2_g32 * b = (const block_turboq2_g32 *) blk;
+    for (int i = 0; i < 8; ++i) {
+        for (int k = 0; k < 4; ++k) idx[i + 8*k] = (b->qs[i] >> (2*k)) & 3;
+    }
+}
+
+static void turboq3_g32_unpack(const void * blk, uint8_t * idx) {
+    const block_turboq3_g32 * b = (const block_turboq3_g32 *) blk;
+    turboq2_g32_unpack(blk, idx);
+    for (int i = 0; i < 4; ++i) {
+        for (int k = 0; k < 8; ++k) idx[i + 4*k] |= ((b->qh[i] >> k) & 1) << 2;
+    }
+}
+
+static void turboq4_g32_unpack(const void * blk, uint8_t * idx) {
+    const block_turboq4_g32 * b = (const block_turboq4_g32 *) blk;
+    for (int i = 0; i < 16; ++i) {
+        idx[i]      = b->qs[i] & 15;
+        idx[i + 16] = b->qs[i] >> 4;
+    }
+}
+
+static void turboq8_g32_unpack(const void * blk, uint8_t * idx) {
+    memcpy(idx, ((const block_turboq8_g32 *) blk)->qs, QK_TURBOQ_G32);
+}
+
 static void (*const turboq_unpack[])(const void * blk, uint8_t * idx) = {
     turboq2_unpack,     turboq3_unpack,     turboq4_unpack,     turboq8_unpack,
     turboq2_g64_unpack, turboq3_g64_unpack, turboq4_g64_unpack, turboq8_g64_unpack,
+    turboq2_g32_unpack, turboq3_g32_unpack, turboq4_g32_unpack, turboq8_g32_unpack,
 };
 
 float ggml_turboq_decode_rotated(enum ggml_type type, const void * GGML_RESTRICT block, float * GGML_RESTRICT out) {
@@ -167,3 +195,7 @@ TURBOQ_DEFINE_ENTRY_POINTS(2, _g64, GGML_TYPE_TURBOQ2_G64)
 TURBOQ_DEFINE_ENTRY_POINTS(3, _g64, GGML_TYPE_TURBOQ3_G64)
 TURBOQ_DEFINE_ENTRY_POINTS(4, _g64, GGML_TYPE_TURBOQ4_G64)
 TURBOQ_DEFINE_ENTRY_POINTS(8, _g64, GGML_TYPE_TURBOQ8_G64)
+TURBOQ_DEFINE_ENTRY_POINTS(2, _g32, GGML_TYPE_TURBOQ2_G32)
+TURBOQ_DEFINE_ENTRY_POINTS(3, _g32, GGML_TYPE_TURBOQ3_G32)
+TURBOQ_DEFINE_ENTRY_POINTS(4, _g32, GGML_TYPE_TURBOQ4_G32)
+TURBOQ_DEFINE_ENTRY_POINTS(8, _g32, GGML_TYPE_TURBOQ8_G32)

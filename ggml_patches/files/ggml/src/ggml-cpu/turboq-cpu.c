@@ -13,7 +13,7 @@
 #include "turboq-kernels.h"
 
 // ---- generic primitives ----
-// Each takes the group size n of its type (128, or 64 for the _g64 types; a multiple of 32), a
+// Each takes the group size n of its type (128, or 64 and 32 for the _g64 and _g32 types), a
 // constant where it is inlined into a kernel.
 
 // turboqN_decode / turboqN_g64_decode: a block's centroid values in the rotated domain (unscaled);
@@ -140,8 +140,48 @@ TURBOQ_DEFINE_FA_KERNELS(turboq3_g64, turboq3_g64, QK_TURBOQ_G64)
 TURBOQ_DEFINE_FA_KERNELS(turboq4_g64, turboq4_g64, QK_TURBOQ_G64)
 TURBOQ_DEFINE_FA_KERNELS(turboq8_g64, turboq8_g64, QK_TURBOQ_G64)
 
+// The _g32 decoders, generic on every architecture: few models have such heads (96, 160), and a
+// 32-value group is one or two SIMD registers, too short for the tables of the arch files to pay.
+static float turboq2_g32_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq2_g32 * b = (const block_turboq2_g32 *) vb;
+    for (int k = 0; k < 4; ++k) {
+        for (int i = 0; i < 8; ++i) out[i + 8*k] = turboq2_g32_centroids[(b->qs[i] >> (2*k)) & 3];
+    }
+    return turboq_g64_norm(vb);
+}
+
+static float turboq3_g32_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq3_g32 * b = (const block_turboq3_g32 *) vb;
+    for (int k = 0; k < 4; ++k) {
+        for (int i = 0; i < 8; ++i) {
+            const int j = i + 8*k; // high bit: qh[j % 4], bit j / 4
+            out[j] = turboq3_g32_centroids[((b->qs[i] >> (2*k)) & 3) | (((b->qh[j & 3] >> (j >> 2)) & 1) << 2)];
+        }
+    }
+    return turboq_g64_norm(vb);
+}
+
+static float turboq4_g32_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq4_g32 * b = (const block_turboq4_g32 *) vb;
+    for (int i = 0; i < 16; ++i) {
+        out[i]      = turboq4_g32_centroids[b->qs[i] & 15];
+        out[i + 16] = turboq4_g32_centroids[b->qs[i] >> 4];
+    }
+    return turboq_g64_norm(vb);
+}
+
+static float turboq8_g32_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq8_g32 * b = (const block_turboq8_g32 *) vb;
+    for (int i = 0; i < QK_TURBOQ_G32; ++i) out[i] = turboq8_centroids[b->qs[i]];
+    return turboq_g64_norm(vb);
+}
+
+TURBOQ_DEFINE_FA_KERNELS(turboq2_g32, turboq2_g32, QK_TURBOQ_G32)
+TURBOQ_DEFINE_FA_KERNELS(turboq3_g32, turboq3_g32, QK_TURBOQ_G32)
+TURBOQ_DEFINE_FA_KERNELS(turboq4_g32, turboq4_g32, QK_TURBOQ_G32)
+TURBOQ_DEFINE_FA_KERNELS(turboq8_g32, turboq8_g32, QK_TURBOQ_G32)
+
 // a whole row, block norms applied
-#ifndef TURBOQ_ARCH_DECODE_ROW
 #define TURBOQ_DEFINE_DECODE_ROW(NAME, TYPE, G)                                                                 \
     static void NAME##_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {         \
         const block_##TYPE * x = (const block_##TYPE *) vx;                                                     \
@@ -150,6 +190,13 @@ TURBOQ_DEFINE_FA_KERNELS(turboq8_g64, turboq8_g64, QK_TURBOQ_G64)
             turboq_scale(out, NAME##_decode(x + ib, out), G);                                                   \
         }                                                                                                       \
     }
+
+TURBOQ_DEFINE_DECODE_ROW(turboq2_g32, turboq2_g32, QK_TURBOQ_G32)
+TURBOQ_DEFINE_DECODE_ROW(turboq3_g32, turboq3_g32, QK_TURBOQ_G32)
+TURBOQ_DEFINE_DECODE_ROW(turboq4_g32, turboq4_g32, QK_TURBOQ_G32)
+TURBOQ_DEFINE_DECODE_ROW(turboq8_g32, turboq8_g32, QK_TURBOQ_G32)
+
+#ifndef TURBOQ_ARCH_DECODE_ROW
 
 TURBOQ_DEFINE_DECODE_ROW(turboq2, turboq2_0, TURBOQ_GROUP)
 TURBOQ_DEFINE_DECODE_ROW(turboq3, turboq3_0, TURBOQ_GROUP)
@@ -174,6 +221,10 @@ static const struct {
     [GGML_TYPE_TURBOQ3_G64 - GGML_TYPE_TURBOQ2_0] = { turboq3_g64_fa_kq_dot, turboq3_g64_fa_v_mad, turboq3_g64_decode_row },
     [GGML_TYPE_TURBOQ4_G64 - GGML_TYPE_TURBOQ2_0] = { turboq4_g64_fa_kq_dot, turboq4_g64_fa_v_mad, turboq4_g64_decode_row },
     [GGML_TYPE_TURBOQ8_G64 - GGML_TYPE_TURBOQ2_0] = { turboq8_g64_fa_kq_dot, turboq8_g64_fa_v_mad, turboq8_g64_decode_row },
+    [GGML_TYPE_TURBOQ2_G32 - GGML_TYPE_TURBOQ2_0] = { turboq2_g32_fa_kq_dot, turboq2_g32_fa_v_mad, turboq2_g32_decode_row },
+    [GGML_TYPE_TURBOQ3_G32 - GGML_TYPE_TURBOQ2_0] = { turboq3_g32_fa_kq_dot, turboq3_g32_fa_v_mad, turboq3_g32_decode_row },
+    [GGML_TYPE_TURBOQ4_G32 - GGML_TYPE_TURBOQ2_0] = { turboq4_g32_fa_kq_dot, turboq4_g32_fa_v_mad, turboq4_g32_decode_row },
+    [GGML_TYPE_TURBOQ8_G32 - GGML_TYPE_TURBOQ2_0] = { turboq8_g32_fa_kq_dot, turboq8_g32_fa_v_mad, turboq8_g32_decode_row },
 };
 
 ggml_vec_dot_t ggml_turboq_fa_kq_dot(enum ggml_type k_type) {

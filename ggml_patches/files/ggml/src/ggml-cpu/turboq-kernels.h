@@ -10,7 +10,7 @@
 
 #include <string.h>
 
-// a _g64 block's norm (its first field in every layout)
+// a _g64 or _g32 block's norm (its first field in every layout)
 static inline float turboq_g64_norm(const void * vb) {
     ggml_half h;
     memcpy(&h, vb, sizeof(h));

@@ -20,6 +20,14 @@ layout (binding = 1) readonly buffer K_PACKED_TURBOQ4_G64 { block_turboq4_g64 da
 layout (binding = 2) readonly buffer V_PACKED_TURBOQ4_G64 { block_turboq4_g64 data[]; } v_packed_turboq4_g64;
 layout (binding = 1) readonly buffer K_PACKED_TURBOQ8_G64 { block_turboq8_g64 data[]; } k_packed_turboq8_g64;
 layout (binding = 2) readonly buffer V_PACKED_TURBOQ8_G64 { block_turboq8_g64 data[]; } v_packed_turboq8_g64;
+layout (binding = 1) readonly buffer K_PACKED_TURBOQ2_G32 { block_turboq2_g32 data[]; } k_packed_turboq2_g32;
+layout (binding = 2) readonly buffer V_PACKED_TURBOQ2_G32 { block_turboq2_g32 data[]; } v_packed_turboq2_g32;
+layout (binding = 1) readonly buffer K_PACKED_TURBOQ3_G32 { block_turboq3_g32 data[]; } k_packed_turboq3_g32;
+layout (binding = 2) readonly buffer V_PACKED_TURBOQ3_G32 { block_turboq3_g32 data[]; } v_packed_turboq3_g32;
+layout (binding = 1) readonly buffer K_PACKED_TURBOQ4_G32 { block_turboq4_g32 data[]; } k_packed_turboq4_g32;
+layout (binding = 2) readonly buffer V_PACKED_TURBOQ4_G32 { block_turboq4_g32 data[]; } v_packed_turboq4_g32;
+layout (binding = 1) readonly buffer K_PACKED_TURBOQ8_G32 { block_turboq8_g32 data[]; } k_packed_turboq8_g32;
+layout (binding = 2) readonly buffer V_PACKED_TURBOQ8_G32 { block_turboq8_g32 data[]; } v_packed_turboq8_g32;
 
 #define FA_DEQUANT4_TURBOQ(BUF, IDX, LEVELS) {                                                    \
     const FLOAT_TYPE n = FLOAT_TYPE(BUF.data[a_offset + ib].norm);                                \
@@ -38,4 +46,8 @@ layout (binding = 2) readonly buffer V_PACKED_TURBOQ8_G64 { block_turboq8_g64 da
     case GGML_TYPE_TURBOQ2_G64: FA_DEQUANT4_TURBOQ(kv##_packed_turboq2_g64, TQ_IDX_TURBOQ2_G64, turboq2_g64_centroids) \
     case GGML_TYPE_TURBOQ3_G64: FA_DEQUANT4_TURBOQ(kv##_packed_turboq3_g64, TQ_IDX_TURBOQ3_G64, turboq3_g64_centroids) \
     case GGML_TYPE_TURBOQ4_G64: FA_DEQUANT4_TURBOQ(kv##_packed_turboq4_g64, TQ_IDX_TURBOQ4_G64, turboq4_g64_centroids) \
-    case GGML_TYPE_TURBOQ8_G64: FA_DEQUANT4_TURBOQ(kv##_packed_turboq8_g64, TQ_IDX_TURBOQ8_G64, turboq8_centroids)
+    case GGML_TYPE_TURBOQ8_G64: FA_DEQUANT4_TURBOQ(kv##_packed_turboq8_g64, TQ_IDX_TURBOQ8_G64, turboq8_centroids)     \
+    case GGML_TYPE_TURBOQ2_G32: FA_DEQUANT4_TURBOQ(kv##_packed_turboq2_g32, TQ_IDX_TURBOQ2_G32, turboq2_g32_centroids) \
+    case GGML_TYPE_TURBOQ3_G32: FA_DEQUANT4_TURBOQ(kv##_packed_turboq3_g32, TQ_IDX_TURBOQ3_G32, turboq3_g32_centroids) \
+    case GGML_TYPE_TURBOQ4_G32: FA_DEQUANT4_TURBOQ(kv##_packed_turboq4_g32, TQ_IDX_TURBOQ4_G32, turboq4_g32_centroids) \
+    case GGML_TYPE_TURBOQ8_G32: FA_DEQUANT4_TURBOQ(kv##_packed_turboq8_g32, TQ_IDX_TURBOQ8_G32, turboq8_centroids)

@@ -7,6 +7,8 @@ const uint TURBOQ_GROUP = 128u;
 const float TURBOQ_INV_SQRT_GROUP = 8.838834614e-02;
 const uint TURBOQ_G64_GROUP = 64u;
 const float TURBOQ_G64_INV_SQRT_GROUP = 1.250000000e-01;
+const uint TURBOQ_G32_GROUP = 32u;
+const float TURBOQ_G32_INV_SQRT_GROUP = 1.767766923e-01;
 
 const uint turboq_sign1_bits[4] = uint[4](0xa18199b6u, 0x34cdc659u, 0x7bfc3f9au, 0xfe5d5510u);
 const uint turboq_sign2_bits[4] = uint[4](0x4e7f599eu, 0x751df52au, 0x482f0a7du, 0x8996c6cfu);
@@ -130,6 +132,33 @@ const float turboq4_g64_thresholds[15] = float[15](
     -9.891840070e-02, -6.471540779e-02, -3.201244026e-02, 0.000000000e+00,
     3.201244026e-02, 6.471540779e-02, 9.891840070e-02, 1.357279718e-01,
     1.769137532e-01, 2.259074450e-01, 2.918752432e-01
+);
+// the _g32 types: the first 32 signs above, their own Lloyd-Max tables, turboq8's grid
+const float turboq2_g32_centroids[4] = float[4](
+    -2.633205950e-01, -7.980253547e-02, 7.980253547e-02, 2.633205950e-01
+);
+const float turboq2_g32_thresholds[3] = float[3](
+    -1.715615541e-01, 0.000000000e+00, 1.715615541e-01
+);
+const float turboq3_g32_centroids[8] = float[8](
+    -3.662743568e-01, -2.324675471e-01, -1.317619830e-01, -4.285391420e-02,
+    4.285391420e-02, 1.317619830e-01, 2.324675471e-01, 3.662743568e-01
+);
+const float turboq3_g32_thresholds[7] = float[7](
+    -2.993709445e-01, -1.821147650e-01, -8.730794489e-02, 0.000000000e+00,
+    8.730794489e-02, 1.821147650e-01, 2.993709445e-01
+);
+const float turboq4_g32_centroids[16] = float[16](
+    -4.534445703e-01, -3.499451578e-01, -2.765871584e-01, -2.162127197e-01,
+    -1.629404128e-01, -1.139134094e-01, -6.743611395e-02, -2.233367227e-02,
+    2.233367227e-02, 6.743611395e-02, 1.139134094e-01, 1.629404128e-01,
+    2.162127197e-01, 2.765871584e-01, 3.499451578e-01, 4.534445703e-01
+);
+const float turboq4_g32_thresholds[15] = float[15](
+    -4.016948640e-01, -3.132661581e-01, -2.463999391e-01, -1.895765662e-01,
+    -1.384269148e-01, -9.067475796e-02, -4.488489032e-02, 0.000000000e+00,
+    4.488489032e-02, 9.067475796e-02, 1.384269148e-01, 1.895765662e-01,
+    2.463999391e-01, 3.132661581e-01, 4.016948640e-01
 );
 
 #endif
