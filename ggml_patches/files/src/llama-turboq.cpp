@@ -383,11 +383,10 @@ void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t 
     if (!ggml_is_turboq(type)) {
         return;
     }
-    const bool blocks_of_32 = n_embd_head % ggml_blck_size(GGML_TYPE_Q8_0) == 0 && n_embd_head % ggml_blck_size(GGML_TYPE_Q4_0) == 0;
+    // not a multiple of 32: q8_0's and q4_0's 32-value blocks do not fit such a head either
     LLAMA_LOG_ERROR("%s: layer %u: %s cache %s: turboq types rotate and store groups of 128 values, or of 64 or 32 (CPU and "
-        "Vulkan) for head sizes that are a multiple of 64 or 32, and this model's is %u; caches that work with it: %s\n", __func__, il, side,
-        ggml_type_name(type), n_embd_head,
-        blocks_of_32 ? "q8_0 (8.5 bits per value) or q4_0 (4.5), whose blocks are 32 values, or f16" : "f16");
+        "Vulkan) for head sizes that are a multiple of 64 or 32, and this model's is %u; caches that work with it: f16 "
+        "(q8_0 and q4_0 need a multiple of 32 as well)\n", __func__, il, side, ggml_type_name(type), n_embd_head);
 }
 
 void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k, uint32_t n_embd_head_v, bool v_trans) {

@@ -141,90 +141,42 @@ TURBOQ_GENERIC_STEPS_OF(, TURBOQ_GROUP)
 TURBOQ_GENERIC_STEPS_OF(64, QK_TURBOQ_G64)
 TURBOQ_GENERIC_STEPS_OF(32, QK_TURBOQ_G32)
 
-// the layouts (ggml-common.h): 2-bit fields qs[i] = idx[i] | idx[i+32] << 2 | idx[i+64] << 4 | idx[i+96] << 6
-static inline void turboq_generic_pack2(const uint8_t * idx, void * blk) {
-    block_turboq2_0 * b = (block_turboq2_0 *) blk;
-    for (int i = 0; i < 32; ++i) {
-        b->qs[i] = (uint8_t) ((idx[i] & 3) | (idx[i + 32] & 3) << 2 | (idx[i + 64] & 3) << 4 | (idx[i + 96] & 3) << 6);
+// Every layout (ggml-common.h), for its group G: turboq2 qs[i] = idx[i] | idx[i+G/4] << 2 |
+// idx[i+G/2] << 4 | idx[i+3G/4] << 6; turboq3 the same qs first (so that it extends turboq2's layout)
+// and qh[i] bit k = bit 2 of idx[i + kG/8]; turboq4 qs[i] = idx[i] | idx[i+G/2] << 4; turboq8 qs = idx.
+// NAME: the steps' infix (turboq_genericNAME_packN); SUF: the block's suffix (block_turboqN SUF).
+#define TURBOQ_GENERIC_PACK_OF(NAME, SUF, G)                                                                         \
+    static_assert(sizeof(((block_turboq2##SUF *) 0)->qs) == (G)/4 && sizeof(((block_turboq3##SUF *) 0)->qh) == (G)/8 &&  \
+                  sizeof(((block_turboq4##SUF *) 0)->qs) == (G)/2 && sizeof(((block_turboq8##SUF *) 0)->qs) == (G),     \
+                  "the turboq" #SUF " block fields hold their group's indices");                                                     \
+    static_assert(offsetof(block_turboq3##SUF, qs) == offsetof(block_turboq2##SUF, qs), "turboq3 extends turboq2's layout"); \
+    static inline void turboq_generic##NAME##_pack2(const uint8_t * idx, void * blk) {                                \
+        block_turboq2##SUF * b = (block_turboq2##SUF *) blk;                                                           \
+        for (int i = 0; i < (G)/4; ++i) {                                                                              \
+            b->qs[i] = (uint8_t) ((idx[i] & 3) | (idx[i + (G)/4] & 3) << 2 | (idx[i + (G)/2] & 3) << 4 |              \
+                                  (idx[i + 3*(G)/4] & 3) << 6);                                                        \
+        }                                                                                                              \
+    }                                                                                                                  \
+    static inline void turboq_generic##NAME##_pack3(const uint8_t * idx, void * blk) {                                \
+        block_turboq3##SUF * b = (block_turboq3##SUF *) blk;                                                           \
+        turboq_generic##NAME##_pack2(idx, blk);                                                                        \
+        for (int i = 0; i < (G)/8; ++i) {                                                                              \
+            uint8_t h = 0;                                                                                             \
+            for (int k = 0; k < 8; ++k) h |= ((idx[i + k*((G)/8)] >> 2) & 1) << k;                                    \
+            b->qh[i] = h;                                                                                              \
+        }                                                                                                              \
+    }                                                                                                                  \
+    static inline void turboq_generic##NAME##_pack4(const uint8_t * idx, void * blk) {                                \
+        block_turboq4##SUF * b = (block_turboq4##SUF *) blk;                                                           \
+        for (int i = 0; i < (G)/2; ++i) b->qs[i] = (uint8_t) ((idx[i] & 15) | (idx[i + (G)/2] & 15) << 4);            \
+    }                                                                                                                  \
+    static inline void turboq_generic##NAME##_pack8(const uint8_t * idx, void * blk) {                                \
+        memcpy(((block_turboq8##SUF *) blk)->qs, idx, (G));                                                            \
     }
-}
 
-// the low two bits as turboq2's (qs leads both layouts), and qh[i] bit k = bit 2 of idx[i + 16k]
-static inline void turboq_generic_pack3(const uint8_t * idx, void * blk) {
-    block_turboq3_0 * b = (block_turboq3_0 *) blk;
-    static_assert(offsetof(block_turboq3_0, qs) == offsetof(block_turboq2_0, qs), "turboq3 extends turboq2's layout");
-    turboq_generic_pack2(idx, blk);
-    for (int i = 0; i < 16; ++i) {
-        uint8_t h = 0;
-        for (int k = 0; k < 8; ++k) h |= ((idx[i + 16*k] >> 2) & 1) << k;
-        b->qh[i] = h;
-    }
-}
-
-static inline void turboq_generic_pack4(const uint8_t * idx, void * blk) {
-    block_turboq4_0 * b = (block_turboq4_0 *) blk;
-    for (int i = 0; i < 64; ++i) b->qs[i] = (uint8_t) ((idx[i] & 15) | (idx[i + 64] & 15) << 4);
-}
-
-static inline void turboq_generic_pack8(const uint8_t * idx, void * blk) {
-    memcpy(((block_turboq8_0 *) blk)->qs, idx, TURBOQ_GROUP);
-}
-
-// the _G64 layouts: as above with 64 for 128
-static inline void turboq_generic64_pack2(const uint8_t * idx, void * blk) {
-    block_turboq2_g64 * b = (block_turboq2_g64 *) blk;
-    for (int i = 0; i < 16; ++i) {
-        b->qs[i] = (uint8_t) ((idx[i] & 3) | (idx[i + 16] & 3) << 2 | (idx[i + 32] & 3) << 4 | (idx[i + 48] & 3) << 6);
-    }
-}
-
-static inline void turboq_generic64_pack3(const uint8_t * idx, void * blk) {
-    block_turboq3_g64 * b = (block_turboq3_g64 *) blk;
-    static_assert(offsetof(block_turboq3_g64, qs) == offsetof(block_turboq2_g64, qs), "turboq3_g64 extends turboq2_g64's layout");
-    turboq_generic64_pack2(idx, blk);
-    for (int i = 0; i < 8; ++i) {
-        uint8_t h = 0;
-        for (int k = 0; k < 8; ++k) h |= ((idx[i + 8*k] >> 2) & 1) << k;
-        b->qh[i] = h;
-    }
-}
-
-static inline void turboq_generic64_pack4(const uint8_t * idx, void * blk) {
-    block_turboq4_g64 * b = (block_turboq4_g64 *) blk;
-    for (int i = 0; i < 32; ++i) b->qs[i] = (uint8_t) ((idx[i] & 15) | (idx[i + 32] & 15) << 4);
-}
-
-static inline void turboq_generic64_pack8(const uint8_t * idx, void * blk) {
-    memcpy(((block_turboq8_g64 *) blk)->qs, idx, QK_TURBOQ_G64);
-}
-
-// the _G32 layouts: as above with 32 for 128
-static inline void turboq_generic32_pack2(const uint8_t * idx, void * blk) {
-    block_turboq2_g32 * b = (block_turboq2_g32 *) blk;
-    for (int i = 0; i < 8; ++i) {
-        b->qs[i] = (uint8_t) ((idx[i] & 3) | (idx[i + 8] & 3) << 2 | (idx[i + 16] & 3) << 4 | (idx[i + 24] & 3) << 6);
-    }
-}
-
-static inline void turboq_generic32_pack3(const uint8_t * idx, void * blk) {
-    block_turboq3_g32 * b = (block_turboq3_g32 *) blk;
-    static_assert(offsetof(block_turboq3_g32, qs) == offsetof(block_turboq2_g32, qs), "turboq3_g32 extends turboq2_g32's layout");
-    turboq_generic32_pack2(idx, blk);
-    for (int i = 0; i < 4; ++i) {
-        uint8_t h = 0;
-        for (int k = 0; k < 8; ++k) h |= ((idx[i + 4*k] >> 2) & 1) << k;
-        b->qh[i] = h;
-    }
-}
-
-static inline void turboq_generic32_pack4(const uint8_t * idx, void * blk) {
-    block_turboq4_g32 * b = (block_turboq4_g32 *) blk;
-    for (int i = 0; i < 16; ++i) b->qs[i] = (uint8_t) ((idx[i] & 15) | (idx[i + 16] & 15) << 4);
-}
-
-static inline void turboq_generic32_pack8(const uint8_t * idx, void * blk) {
-    memcpy(((block_turboq8_g32 *) blk)->qs, idx, QK_TURBOQ_G32);
-}
+TURBOQ_GENERIC_PACK_OF(, _0, TURBOQ_GROUP)
+TURBOQ_GENERIC_PACK_OF(64, _g64, QK_TURBOQ_G64)
+TURBOQ_GENERIC_PACK_OF(32, _g32, QK_TURBOQ_G32)
 
 static const struct turboq_encode_steps turboq_generic_steps = {
     .group            = TURBOQ_GROUP,

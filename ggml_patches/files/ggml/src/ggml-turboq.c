@@ -55,88 +55,35 @@ void ggml_turboq_signs(const float ** s1, const float ** s2) {
 
 // ---- decoding: the index unpacking of each layout (packing: ggml-turboq-encode.h) ----
 
-static void turboq2_unpack(const void * blk, uint8_t * idx) {
-    const block_turboq2_0 * b = (const block_turboq2_0 *) blk;
-    for (int i = 0; i < 32; ++i) {
-        for (int k = 0; k < 4; ++k) idx[i + 32*k] = (b->qs[i] >> (2*k)) & 3;
+// the inverse of ggml-turboq-encode.h's TURBOQ_GENERIC_PACK_OF, for a group G
+#define TURBOQ_DEFINE_UNPACK(NAME, SUF, G)                                                              \
+    static void turboq2##NAME##_unpack(const void * blk, uint8_t * idx) {                              \
+        const block_turboq2##SUF * b = (const block_turboq2##SUF *) blk;                                \
+        for (int i = 0; i < (G)/4; ++i) {                                                               \
+            for (int k = 0; k < 4; ++k) idx[i + k*((G)/4)] = (b->qs[i] >> (2*k)) & 3;                   \
+        }                                                                                               \
+    }                                                                                                   \
+    static void turboq3##NAME##_unpack(const void * blk, uint8_t * idx) {                              \
+        const block_turboq3##SUF * b = (const block_turboq3##SUF *) blk;                                \
+        turboq2##NAME##_unpack(blk, idx);                                                               \
+        for (int i = 0; i < (G)/8; ++i) {                                                               \
+            for (int k = 0; k < 8; ++k) idx[i + k*((G)/8)] |= ((b->qh[i] >> k) & 1) << 2;               \
+        }                                                                                               \
+    }                                                                                                   \
+    static void turboq4##NAME##_unpack(const void * blk, uint8_t * idx) {                              \
+        const block_turboq4##SUF * b = (const block_turboq4##SUF *) blk;                                \
+        for (int i = 0; i < (G)/2; ++i) {                                                               \
+            idx[i]         = b->qs[i] & 15;                                                             \
+            idx[i + (G)/2]   = b->qs[i] >> 4;                                                           \
+        }                                                                                               \
+    }                                                                                                   \
+    static void turboq8##NAME##_unpack(const void * blk, uint8_t * idx) {                              \
+        memcpy(idx, ((const block_turboq8##SUF *) blk)->qs, (G));                                       \
     }
-}
 
-static void turboq3_unpack(const void * blk, uint8_t * idx) {
-    const block_turboq3_0 * b = (const block_turboq3_0 *) blk;
-    for (int i = 0; i < 32; ++i) {
-        for (int k = 0; k < 4; ++k) idx[i + 32*k] = (b->qs[i] >> (2*k)) & 3;
-    }
-    for (int i = 0; i < 16; ++i) {
-        for (int k = 0; k < 8; ++k) idx[i + 16*k] |= ((b->qh[i] >> k) & 1) << 2;
-    }
-}
-
-static void turboq4_unpack(const void * blk, uint8_t * idx) {
-    const block_turboq4_0 * b = (const block_turboq4_0 *) blk;
-    for (int i = 0; i < 64; ++i) {
-        idx[i]      = b->qs[i] & 15;
-        idx[i + 64] = b->qs[i] >> 4;
-    }
-}
-
-static void turboq8_unpack(const void * blk, uint8_t * idx) {
-    memcpy(idx, ((const block_turboq8_0 *) blk)->qs, TURBOQ_GROUP);
-}
-
-static void turboq2_g64_unpack(const void * blk, uint8_t * idx) {
-    const block_turboq2_g64 * b = (const block_turboq2_g64 *) blk;
-    for (int i = 0; i < 16; ++i) {
-        for (int k = 0; k < 4; ++k) idx[i + 16*k] = (b->qs[i] >> (2*k)) & 3;
-    }
-}
-
-static void turboq3_g64_unpack(const void * blk, uint8_t * idx) {
-    const block_turboq3_g64 * b = (const block_turboq3_g64 *) blk;
-    turboq2_g64_unpack(blk, idx);
-    for (int i = 0; i < 8; ++i) {
-        for (int k = 0; k < 8; ++k) idx[i + 8*k] |= ((b->qh[i] >> k) & 1) << 2;
-    }
-}
-
-static void turboq4_g64_unpack(const void * blk, uint8_t * idx) {
-    const block_turboq4_g64 * b = (const block_turboq4_g64 *) blk;
-    for (int i = 0; i < 32; ++i) {
-        idx[i]      = b->qs[i] & 15;
-        idx[i + 32] = b->qs[i] >> 4;
-    }
-}
-
-static void turboq8_g64_unpack(const void * blk, uint8_t * idx) {
-    memcpy(idx, ((const block_turboq8_g64 *) blk)->qs, QK_TURBOQ_G64);
-}
-
-static void turboq2_g32_unpack(const void * blk, uint8_t * idx) {
-    const block_turboq2_g32 * b = (const block_turboq2_g32 *) blk;
-    for (int i = 0; i < 8; ++i) {
-        for (int k = 0; k < 4; ++k) idx[i + 8*k] = (b->qs[i] >> (2*k)) & 3;
-    }
-}
-
-static void turboq3_g32_unpack(const void * blk, uint8_t * idx) {
-    const block_turboq3_g32 * b = (const block_turboq3_g32 *) blk;
-    turboq2_g32_unpack(blk, idx);
-    for (int i = 0; i < 4; ++i) {
-        for (int k = 0; k < 8; ++k) idx[i + 4*k] |= ((b->qh[i] >> k) & 1) << 2;
-    }
-}
-
-static void turboq4_g32_unpack(const void * blk, uint8_t * idx) {
-    const block_turboq4_g32 * b = (const block_turboq4_g32 *) blk;
-    for (int i = 0; i < 16; ++i) {
-        idx[i]      = b->qs[i] & 15;
-        idx[i + 16] = b->qs[i] >> 4;
-    }
-}
-
-static void turboq8_g32_unpack(const void * blk, uint8_t * idx) {
-    memcpy(idx, ((const block_turboq8_g32 *) blk)->qs, QK_TURBOQ_G32);
-}
+TURBOQ_DEFINE_UNPACK(, _0, TURBOQ_GROUP)
+TURBOQ_DEFINE_UNPACK(_g64, _g64, QK_TURBOQ_G64)
+TURBOQ_DEFINE_UNPACK(_g32, _g32, QK_TURBOQ_G32)
 
 static void (*const turboq_unpack[])(const void * blk, uint8_t * idx) = {
     turboq2_unpack,     turboq3_unpack,     turboq4_unpack,     turboq8_unpack,

@@ -16,54 +16,51 @@
 // Each takes the group size n of its type (128, or 64 and 32 for the _g64 and _g32 types), a
 // constant where it is inlined into a kernel.
 
-// turboqN_decode / turboqN_g64_decode: a block's centroid values in the rotated domain (unscaled);
-// returns its norm
+// turboqN_decode / turboqN_g64_decode / turboqN_g32_decode: a block's centroid values in the rotated
+// domain (unscaled); returns its norm. The generic ones read the bytes directly, in the layouts of
+// ggml-turboq-encode.h's TURBOQ_GENERIC_PACK_OF (ggml_turboq_decode_rotated unpacks to indices
+// first: the same values, measured 1.7x slower in decode). NAME: the decoder's infix; SUF: the
+// block's suffix; G: the group.
+#define TURBOQ_DEFINE_DECODE(NAME, SUF, G)                                                                    \
+    static float turboq2##NAME##_decode(const void * vb, float * GGML_RESTRICT out) {                        \
+        const block_turboq2##SUF * b = (const block_turboq2##SUF *) vb;                                       \
+        for (int k = 0; k < 4; ++k) {                                                                         \
+            for (int i = 0; i < (G)/4; ++i) out[i + k*((G)/4)] = turboq2##NAME##_centroids[(b->qs[i] >> (2*k)) & 3]; \
+        }                                                                                                     \
+        return turboq_block_norm(vb);                                                                         \
+    }                                                                                                         \
+    static float turboq3##NAME##_decode(const void * vb, float * GGML_RESTRICT out) {                        \
+        const block_turboq3##SUF * b = (const block_turboq3##SUF *) vb;                                       \
+        for (int k = 0; k < 4; ++k) {                                                                         \
+            for (int i = 0; i < (G)/4; ++i) {                                                                 \
+                const int j = i + k*((G)/4); /* high bit: qh[j % (G/8)], bit j / (G/8) */                     \
+                out[j] = turboq3##NAME##_centroids[((b->qs[i] >> (2*k)) & 3) |                                \
+                                                   (((b->qh[j % ((G)/8)] >> (j / ((G)/8))) & 1) << 2)];       \
+            }                                                                                                 \
+        }                                                                                                     \
+        return turboq_block_norm(vb);                                                                         \
+    }                                                                                                         \
+    static float turboq4##NAME##_decode(const void * vb, float * GGML_RESTRICT out) {                        \
+        const block_turboq4##SUF * b = (const block_turboq4##SUF *) vb;                                       \
+        for (int i = 0; i < (G)/2; ++i) {                                                                     \
+            out[i]         = turboq4##NAME##_centroids[b->qs[i] & 15];                                        \
+            out[i + (G)/2] = turboq4##NAME##_centroids[b->qs[i] >> 4];                                        \
+        }                                                                                                     \
+        return turboq_block_norm(vb);                                                                         \
+    }                                                                                                         \
+    static float turboq8##NAME##_decode(const void * vb, float * GGML_RESTRICT out) {                        \
+        const block_turboq8##SUF * b = (const block_turboq8##SUF *) vb;                                       \
+        for (int i = 0; i < (G); ++i) out[i] = turboq8_centroids[b->qs[i]];                                   \
+        return turboq_block_norm(vb);                                                                         \
+    }
+
+// an arch file may leave the _g32 twins (heads of 96, 160: few models) to these
+#ifndef TURBOQ_ARCH_DECODE_G32
+TURBOQ_DEFINE_DECODE(_g32, _g32, QK_TURBOQ_G32)
+#endif
 #ifndef TURBOQ_ARCH_DECODE
-#define TURBOQ_GENERIC_DECODE(N) \
-    static float turboq##N##_decode(const void * vb, float * GGML_RESTRICT out) { \
-        return ggml_turboq_decode_rotated(GGML_TYPE_TURBOQ##N##_0, vb, out); \
-    }
-TURBOQ_GENERIC_DECODE(2)
-TURBOQ_GENERIC_DECODE(3)
-TURBOQ_GENERIC_DECODE(4)
-TURBOQ_GENERIC_DECODE(8)
-
-// the _g64 decoders read the bytes directly (ggml_turboq_decode_rotated unpacks to indices first:
-// the same values, measured 1.7x slower in decode)
-
-static float turboq2_g64_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq2_g64 * b = (const block_turboq2_g64 *) vb;
-    for (int k = 0; k < 4; ++k) {
-        for (int i = 0; i < 16; ++i) out[i + 16*k] = turboq2_g64_centroids[(b->qs[i] >> (2*k)) & 3];
-    }
-    return turboq_g64_norm(vb);
-}
-
-static float turboq3_g64_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq3_g64 * b = (const block_turboq3_g64 *) vb;
-    for (int k = 0; k < 4; ++k) {
-        for (int i = 0; i < 16; ++i) {
-            const int j = i + 16*k; // high bit: qh[j % 8], bit j / 8
-            out[j] = turboq3_g64_centroids[((b->qs[i] >> (2*k)) & 3) | (((b->qh[j & 7] >> (j >> 3)) & 1) << 2)];
-        }
-    }
-    return turboq_g64_norm(vb);
-}
-
-static float turboq4_g64_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq4_g64 * b = (const block_turboq4_g64 *) vb;
-    for (int i = 0; i < 32; ++i) {
-        out[i]      = turboq4_g64_centroids[b->qs[i] & 15];
-        out[i + 32] = turboq4_g64_centroids[b->qs[i] >> 4];
-    }
-    return turboq_g64_norm(vb);
-}
-
-static float turboq8_g64_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq8_g64 * b = (const block_turboq8_g64 *) vb;
-    for (int i = 0; i < QK_TURBOQ_G64; ++i) out[i] = turboq8_centroids[b->qs[i]];
-    return turboq_g64_norm(vb);
-}
+TURBOQ_DEFINE_DECODE(, _0, TURBOQ_GROUP)
+TURBOQ_DEFINE_DECODE(_g64, _g64, QK_TURBOQ_G64)
 #endif
 
 // a[0..n) . b[0..n), eight partial sums
@@ -140,42 +137,6 @@ TURBOQ_DEFINE_FA_KERNELS(turboq3_g64, turboq3_g64, QK_TURBOQ_G64)
 TURBOQ_DEFINE_FA_KERNELS(turboq4_g64, turboq4_g64, QK_TURBOQ_G64)
 TURBOQ_DEFINE_FA_KERNELS(turboq8_g64, turboq8_g64, QK_TURBOQ_G64)
 
-// The _g32 decoders, generic on every architecture: few models have such heads (96, 160), and a
-// 32-value group is one or two SIMD registers, too short for the tables of the arch files to pay.
-static float turboq2_g32_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq2_g32 * b = (const block_turboq2_g32 *) vb;
-    for (int k = 0; k < 4; ++k) {
-        for (int i = 0; i < 8; ++i) out[i + 8*k] = turboq2_g32_centroids[(b->qs[i] >> (2*k)) & 3];
-    }
-    return turboq_g64_norm(vb);
-}
-
-static float turboq3_g32_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq3_g32 * b = (const block_turboq3_g32 *) vb;
-    for (int k = 0; k < 4; ++k) {
-        for (int i = 0; i < 8; ++i) {
-            const int j = i + 8*k; // high bit: qh[j % 4], bit j / 4
-            out[j] = turboq3_g32_centroids[((b->qs[i] >> (2*k)) & 3) | (((b->qh[j & 3] >> (j >> 2)) & 1) << 2)];
-        }
-    }
-    return turboq_g64_norm(vb);
-}
-
-static float turboq4_g32_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq4_g32 * b = (const block_turboq4_g32 *) vb;
-    for (int i = 0; i < 16; ++i) {
-        out[i]      = turboq4_g32_centroids[b->qs[i] & 15];
-        out[i + 16] = turboq4_g32_centroids[b->qs[i] >> 4];
-    }
-    return turboq_g64_norm(vb);
-}
-
-static float turboq8_g32_decode(const void * vb, float * GGML_RESTRICT out) {
-    const block_turboq8_g32 * b = (const block_turboq8_g32 *) vb;
-    for (int i = 0; i < QK_TURBOQ_G32; ++i) out[i] = turboq8_centroids[b->qs[i]];
-    return turboq_g64_norm(vb);
-}
-
 TURBOQ_DEFINE_FA_KERNELS(turboq2_g32, turboq2_g32, QK_TURBOQ_G32)
 TURBOQ_DEFINE_FA_KERNELS(turboq3_g32, turboq3_g32, QK_TURBOQ_G32)
 TURBOQ_DEFINE_FA_KERNELS(turboq4_g32, turboq4_g32, QK_TURBOQ_G32)
@@ -191,11 +152,7 @@ TURBOQ_DEFINE_FA_KERNELS(turboq8_g32, turboq8_g32, QK_TURBOQ_G32)
         }                                                                                                       \
     }
 
-TURBOQ_DEFINE_DECODE_ROW(turboq2_g32, turboq2_g32, QK_TURBOQ_G32)
-TURBOQ_DEFINE_DECODE_ROW(turboq3_g32, turboq3_g32, QK_TURBOQ_G32)
-TURBOQ_DEFINE_DECODE_ROW(turboq4_g32, turboq4_g32, QK_TURBOQ_G32)
-TURBOQ_DEFINE_DECODE_ROW(turboq8_g32, turboq8_g32, QK_TURBOQ_G32)
-
+// an arch file that defines TURBOQ_ARCH_DECODE_ROW decodes the rows of all twelve types
 #ifndef TURBOQ_ARCH_DECODE_ROW
 
 TURBOQ_DEFINE_DECODE_ROW(turboq2, turboq2_0, TURBOQ_GROUP)
@@ -206,6 +163,10 @@ TURBOQ_DEFINE_DECODE_ROW(turboq2_g64, turboq2_g64, QK_TURBOQ_G64)
 TURBOQ_DEFINE_DECODE_ROW(turboq3_g64, turboq3_g64, QK_TURBOQ_G64)
 TURBOQ_DEFINE_DECODE_ROW(turboq4_g64, turboq4_g64, QK_TURBOQ_G64)
 TURBOQ_DEFINE_DECODE_ROW(turboq8_g64, turboq8_g64, QK_TURBOQ_G64)
+TURBOQ_DEFINE_DECODE_ROW(turboq2_g32, turboq2_g32, QK_TURBOQ_G32)
+TURBOQ_DEFINE_DECODE_ROW(turboq3_g32, turboq3_g32, QK_TURBOQ_G32)
+TURBOQ_DEFINE_DECODE_ROW(turboq4_g32, turboq4_g32, QK_TURBOQ_G32)
+TURBOQ_DEFINE_DECODE_ROW(turboq8_g32, turboq8_g32, QK_TURBOQ_G32)
 #endif
 
 static const struct {

@@ -10,8 +10,8 @@
 
 #include <string.h>
 
-// a _g64 or _g32 block's norm (its first field in every layout)
-static inline float turboq_g64_norm(const void * vb) {
+// a turboq block's norm, the first field of every layout
+static inline float turboq_block_norm(const void * vb) {
     ggml_half h;
     memcpy(&h, vb, sizeof(h));
     return GGML_CPU_FP16_TO_FP32(h);

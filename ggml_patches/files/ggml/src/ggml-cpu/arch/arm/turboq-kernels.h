@@ -278,7 +278,7 @@ static inline float turboq2_g64_decode(const void * vb, float * GGML_RESTRICT ou
     vst1q_u8(idx + 32, vandq_u8(vshrq_n_u8(q, 4), m));
     vst1q_u8(idx + 48, vshrq_n_u8(q, 6));
     turboq_neon_lookup_n(turboq2_g64_centroids, 4, idx, out, QK_TURBOQ_G64);
-    return turboq_g64_norm(vb);
+    return turboq_block_norm(vb);
 }
 
 static inline float turboq3_g64_decode(const void * vb, float * GGML_RESTRICT out) {
@@ -296,7 +296,7 @@ static inline float turboq3_g64_decode(const void * vb, float * GGML_RESTRICT ou
         vst1q_u8(idx + 16*k, vorrq_u8(lo, hi));
     }
     turboq_neon_lookup_n(turboq3_g64_centroids, 8, idx, out, QK_TURBOQ_G64);
-    return turboq_g64_norm(vb);
+    return turboq_block_norm(vb);
 }
 
 static inline float turboq4_g64_decode(const void * vb, float * GGML_RESTRICT out) {
@@ -308,13 +308,13 @@ static inline float turboq4_g64_decode(const void * vb, float * GGML_RESTRICT ou
         vst1q_u8(idx + i + 32, vshrq_n_u8(q, 4));
     }
     turboq_neon_lookup_n(turboq4_g64_centroids, 16, idx, out, QK_TURBOQ_G64);
-    return turboq_g64_norm(vb);
+    return turboq_block_norm(vb);
 }
 
 static inline float turboq8_g64_decode(const void * vb, float * GGML_RESTRICT out) {
     const block_turboq8_g64 * b = (const block_turboq8_g64 *) vb;
     for (int i = 0; i < QK_TURBOQ_G64; ++i) out[i] = turboq8_centroids[b->qs[i]];
-    return turboq_g64_norm(vb);
+    return turboq_block_norm(vb);
 }
 
 // four independent FMA chains hide the FMLA latency; the lanes are summed at the end

@@ -1,13 +1,14 @@
 #pragma once
 
 // x86 kernels for the turboq CPU paths (AVX2 + FMA; AVX-512F for whole-row decoding), for the
-// 128-value types and their _g64 twins, included by
+// 128-value types and their _g64 and _g32 twins, included by
 // ggml-cpu/turboq-cpu.c (through turboq-kernels.h), which has the generic versions and the contract
 // of each primitive. The quantizer takes the generic steps of ggml-turboq-encode.h.
 
 #include <immintrin.h>
 
-#define TURBOQ_ARCH_DECODE 1
+#define TURBOQ_ARCH_DECODE     1
+#define TURBOQ_ARCH_DECODE_G32 1
 #define TURBOQ_ARCH_DOT    1
 #define TURBOQ_ARCH_MAD    1
 
@@ -66,7 +67,7 @@ static inline float turboq2_g64_decode(const void * vb, float * GGML_RESTRICT ou
             _mm256_storeu_ps(out + 16*k + 8*j, _mm256_permutevar8x32_ps(lut, ik));
         }
     }
-    return turboq_g64_norm(vb);
+    return turboq_block_norm(vb);
 }
 
 static inline float turboq3_g64_decode(const void * vb, float * GGML_RESTRICT out) {
@@ -85,7 +86,42 @@ static inline float turboq3_g64_decode(const void * vb, float * GGML_RESTRICT ou
             _mm256_storeu_ps(out + 16*k + 8*j, _mm256_permutevar8x32_ps(lut, idx));
         }
     }
-    return turboq_g64_norm(vb);
+    return turboq_block_norm(vb);
+}
+
+// The _g32 twins: the same layouts with 32 for 128
+
+static inline float turboq2_g32_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq2_g32 * b = (const block_turboq2_g32 *) vb;
+    const __m256 lut = _mm256_setr_ps(turboq2_g32_centroids[0], turboq2_g32_centroids[1], turboq2_g32_centroids[2], turboq2_g32_centroids[3],
+                                      turboq2_g32_centroids[0], turboq2_g32_centroids[1], turboq2_g32_centroids[2], turboq2_g32_centroids[3]);
+    const __m256i three = _mm256_set1_epi32(3);
+    const __m256i q = turboq_bytes8(b->qs);
+    for (int k = 0; k < 4; ++k) {
+        // value 8k + l: qs[l] >> 2k
+        const __m256i ik = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_set1_epi32(2*k)), three);
+        _mm256_storeu_ps(out + 8*k, _mm256_permutevar8x32_ps(lut, ik));
+    }
+    return turboq_block_norm(vb);
+}
+
+static inline float turboq3_g32_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq3_g32 * b = (const block_turboq3_g32 *) vb;
+    const __m256 lut = _mm256_loadu_ps(turboq3_g32_centroids);
+    const __m256i three = _mm256_set1_epi32(3);
+    const __m256i one   = _mm256_set1_epi32(1);
+    const __m256i q = turboq_bytes8(b->qs);
+    // lane l reads qh[l % 4] shifted right by l / 4, so that value 8k + l's high bit is bit 2k
+    uint32_t qh;
+    memcpy(&qh, b->qh, sizeof(qh));
+    const __m256i h = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(_mm_set1_epi32((int) qh)), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    for (int k = 0; k < 4; ++k) {
+        const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_set1_epi32(2*k)), three);
+        const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(h, _mm256_set1_epi32(2*k)), one);
+        const __m256i idx = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 2));
+        _mm256_storeu_ps(out + 8*k, _mm256_permutevar8x32_ps(lut, idx));
+    }
+    return turboq_block_norm(vb);
 }
 
 // turboq4 and turboq8 (and twins), for a group of G: turboq4's byte i holds value i (low nibble) and
@@ -126,6 +162,8 @@ TURBOQ4_DECODE(turboq4, turboq4_0, TURBOQ_GROUP, turboq4_centroids)
 TURBOQ8_DECODE(turboq8, turboq8_0, TURBOQ_GROUP)
 TURBOQ4_DECODE(turboq4_g64, turboq4_g64, QK_TURBOQ_G64, turboq4_g64_centroids)
 TURBOQ8_DECODE(turboq8_g64, turboq8_g64, QK_TURBOQ_G64)
+TURBOQ4_DECODE(turboq4_g32, turboq4_g32, QK_TURBOQ_G32, turboq4_g32_centroids)
+TURBOQ8_DECODE(turboq8_g32, turboq8_g32, QK_TURBOQ_G32)
 
 static inline float turboq_dot(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b, int n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
@@ -225,6 +263,46 @@ static inline void turboq3_g64_decode_row(const void * GGML_RESTRICT vx, float *
     }
 }
 
+// value 16m + i (32 values, two registers): lane i reads byte i % 8 of qs shifted right by
+// 2(i / 8) + 4m, so that its low index bits land in bits 0-1 (turboq3: and qh[i % 4] shifted right
+// by i / 4, its high bit at bit 4m, moved to bit 2 below)
+static inline __m512i turboq_bytes8x2(const uint8_t * p) {
+    const __m128i b8 = _mm_loadl_epi64((const __m128i *) p);
+    return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(b8, b8));
+}
+
+static inline void turboq2_g32_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+    const block_turboq2_g32 * x = (const block_turboq2_g32 *) vx;
+    const __m512 lut4 = _mm512_broadcast_f32x4(_mm_loadu_ps(turboq2_g32_centroids));
+    const __m512i shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    for (int64_t ib = 0; ib < n / QK_TURBOQ_G32; ++ib, y += QK_TURBOQ_G32) {
+        const __m512 lut = _mm512_mul_ps(lut4, _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
+        const __m512i q = _mm512_srlv_epi32(turboq_bytes8x2(x[ib].qs), shift);
+        _mm512_storeu_ps(y,      _mm512_permutexvar_ps(q, lut));
+        _mm512_storeu_ps(y + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut));
+    }
+}
+
+static inline void turboq3_g32_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {
+    const block_turboq3_g32 * x = (const block_turboq3_g32 *) vx;
+    const __m512  lut8  = _mm512_zextps256_ps512(_mm256_loadu_ps(turboq3_g32_centroids));
+    const __m512  lut16 = _mm512_shuffle_f32x4(lut8, lut8, 0x44);
+    const __m512i low2  = _mm512_set1_epi32(3);
+    const __m512i shift  = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    const __m512i hshift = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int64_t ib = 0; ib < n / QK_TURBOQ_G32; ++ib, y += QK_TURBOQ_G32) {
+        const __m512 lut = _mm512_mul_ps(lut16, _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].norm)));
+        const __m512i q = _mm512_srlv_epi32(turboq_bytes8x2(x[ib].qs), shift);
+        uint32_t qh;
+        memcpy(&qh, x[ib].qh, sizeof(qh));
+        const __m512i h = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_set1_epi32((int) qh)), hshift);
+        // the select (0xCA: low2 ? lo : hi) takes bits 0-1 from lo and the rest from hi, whose bit 2
+        // is the high bit (bit 4m of h); permutexvar reads bits 0-3, and bit 3 meets lut16's copy
+        _mm512_storeu_ps(y,      _mm512_permutexvar_ps(_mm512_ternarylogic_epi32(low2, q, _mm512_slli_epi32(h, 2), 0xCA), lut));
+        _mm512_storeu_ps(y + 16, _mm512_permutexvar_ps(_mm512_ternarylogic_epi32(low2, _mm512_srli_epi32(q, 4), _mm512_srli_epi32(h, 2), 0xCA), lut));
+    }
+}
+
 #define TURBOQ4_DECODE_ROW(NAME, TYPE, G, TABLE)                                                                \
     static inline void NAME##_decode_row(const void * GGML_RESTRICT vx, float * GGML_RESTRICT y, int64_t n) {  \
         const block_##TYPE * x = (const block_##TYPE *) vx;                                                     \
@@ -257,4 +335,6 @@ TURBOQ4_DECODE_ROW(turboq4, turboq4_0, TURBOQ_GROUP, turboq4_centroids)
 TURBOQ8_DECODE_ROW(turboq8, turboq8_0, TURBOQ_GROUP)
 TURBOQ4_DECODE_ROW(turboq4_g64, turboq4_g64, QK_TURBOQ_G64, turboq4_g64_centroids)
 TURBOQ8_DECODE_ROW(turboq8_g64, turboq8_g64, QK_TURBOQ_G64)
+TURBOQ4_DECODE_ROW(turboq4_g32, turboq4_g32, QK_TURBOQ_G32, turboq4_g32_centroids)
+TURBOQ8_DECODE_ROW(turboq8_g32, turboq8_g32, QK_TURBOQ_G32)
 #endif // __AVX512F__
