@@ -90,6 +90,25 @@ def test_python_state_with_an_exact_window_restores_bit_identically(Llama):
         make(Llama, gemma, "turboq3", "turboq3", window=16).load_state(state)
 
 
+@pytest.mark.parametrize("model", ["tiny", "gemma"])
+def test_python_state_with_an_exact_window_into_a_context_without_one_is_refused(Llama, tiny, model):
+    """The window's rows follow the cache's own state, so a context without a window used to stop
+    short of them: a bare size mismatch (one cache) or "n_stream mismatch" (Gemma's pair of
+    caches). It names the window now, and nothing is lost."""
+    from pyturbo.llama import StateError
+    path = tiny if model == "tiny" else str(data.default_model())
+    a = make(Llama, path, "turboq3", "turboq3", window=8)
+    a.eval(a.tokenize(PROMPT.encode()))
+    state = a.save_state()
+    b = make(Llama, path, "turboq3", "turboq3")
+    b.eval(b.tokenize(b"Another text, another cache."))
+    before, n_before = bytes(b.save_state().llama_state), b.n_tokens
+    with pytest.raises(StateError, match=r"saved with an exact window of 8 positions \(turboq.exact_window=8\), "
+                                         r"and this context has none"):
+        b.load_state(state)
+    assert b.n_tokens == n_before and bytes(b.save_state().llama_state) == before
+
+
 @pytest.mark.parametrize("k,v,la,reason", [
     ("q8_0", "q8_0", None, "mismatched key type (q8_0 in this context, turboq3 in the saved state"),
     ("turboq4", "turboq3", None, "mismatched key type (turboq4 in this context, turboq3 in the saved state"),
@@ -168,11 +187,12 @@ def complete(url: str, prompt: str, n: int = 8, probs: bool = False, **fields) -
 
 
 class SlotServer:
-    def __init__(self, k: str, v: str, slots, la: int = 0, model: str | None = None, *extra: str) -> None:
+    def __init__(self, k: str, v: str, slots, la: int = 0, model: str | None = None, *extra: str,
+                 window: int = 0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = start(server_cmd("llama-server", self.port, "-ctk", k, "-ctv", v, "--layer-adaptive", str(la),
-                                     *(["--model", model] if model else []),
+                                     *(["--model", model] if model else []), "--kv-exact-window", str(window),
                                      "--n-ctx", "512", "--parallel", "1", "--", "--slot-save-path", str(slots), *extra))
         try:
             wait_healthy(self.url, self.proc)
@@ -249,6 +269,26 @@ def test_slot_files_are_refused_when_they_do_not_fit(build_info, tmp_path):
         finally:
             log = b.close()
         assert "mismatched key type" in log or "mismatched value type" in log, log[-2000:]
+
+
+def test_slot_file_with_an_exact_window_into_a_server_without_one_is_refused(tiny, tmp_path):
+    """A slot saved by a server with --kv-exact-window, restored by one without: 400, the log
+    names the window (it said the file was truncated or corrupt), and the server goes on."""
+    a = SlotServer("turboq3", "turboq3", tmp_path, 0, tiny, window=8)
+    try:
+        complete(a.url, PROMPT)
+        assert a.slot("save", "w.bin")[0] == 200
+    finally:
+        a.close()
+    b = SlotServer("turboq3", "turboq3", tmp_path, 0, tiny)
+    try:
+        counting = complete(b.url, "1, 2, 3, 4, 5,", 3, cache_prompt=False)
+        status, body = b.slot("restore", "w.bin")
+        assert status == 400, body
+        assert complete(b.url, "1, 2, 3, 4, 5,", 3, cache_prompt=False) == counting
+    finally:
+        log = b.close()
+    assert "saved with an exact window of 8 positions" in log, log[-2000:]
 
 
 _SEEDED = r"""

@@ -8,6 +8,7 @@
 #include "llama-kv-cache.h"
 #include "llama-kv-cache-iswa.h"
 #include "llama-kv-cells.h"
+#include "llama-mmap.h"
 #include "llama-model.h"
 #include "llama-model-loader.h"
 
@@ -455,6 +456,46 @@ void llama_turboq_window::state_read(llama_io_read_i & io, llama_seq_id seq) {
         next[sl] = entry[1];
     }
     held = std::move(next);
+}
+
+static std::string unexpected_window(uint32_t w) {
+    return std::string("the state was saved with an exact window of ") + std::to_string(w) + " positions (" +
+           llama_turboq_exact_window_key() + "=" + std::to_string(w) +
+           "), and this context has none: restore it into a context with the same window";
+}
+
+void llama_turboq_window::refuse_rest(llama_memory_i * mem, llama_seq_id seq, const void * rest, size_t n) {
+    uint32_t head[2];
+    if (n < sizeof(head)) {
+        return;
+    }
+    memcpy(head, rest, sizeof(head));
+    if (head[0] != window_mark) {
+        return;
+    }
+    if (mem && seq < 0) {
+        mem->clear(true);
+    } else if (mem) {
+        mem->seq_rm(seq, -1, -1);
+    }
+    throw std::runtime_error(unexpected_window(head[1]));
+}
+
+void llama_turboq_window::refuse_rest(llama_memory_i * mem, llama_seq_id seq, llama_file & file, size_t n) {
+    uint32_t head[2];
+    if (n < sizeof(head)) {
+        return;
+    }
+    file.read_raw(head, sizeof(head));
+    refuse_rest(mem, seq, head, sizeof(head));
+}
+
+void llama_turboq_window::refuse_stream_count(llama_io_read_i & io, uint32_t n_stream_read) {
+    if (n_stream_read == window_mark) {
+        uint32_t w;
+        io.read(&w, sizeof(w));
+        throw std::runtime_error(unexpected_window(w));
+    }
 }
 
 bool llama_turboq_window_can_continue(llama_context * ctx, llama_seq_id seq, llama_pos n_past) {

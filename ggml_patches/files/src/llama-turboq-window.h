@@ -39,6 +39,8 @@
 
 class llama_io_write_i;
 class llama_io_read_i;
+struct llama_file;
+struct llama_memory_i;
 class llama_kv_cells;
 struct llama_model;
 struct llama_ubatch;
@@ -118,6 +120,16 @@ public:
     // after the cache's own state (seq < 0: every sequence); state_read throws on a mismatch
     void state_write(llama_io_write_i & io, llama_seq_id seq) const;
     void state_read (llama_io_read_i  & io, llama_seq_id seq);
+
+    // a state saved with a window, read where there is none: its window section follows what the
+    // cache read (in an iswa pair it stands where the second cache's stream count should be), and
+    // is refused naming the window instead of as a size or stream-count mismatch. refuse_rest
+    // throws when `rest` (n bytes) starts with a window section, after dropping what the restore
+    // wrote to mem (seq < 0: all of it); refuse_stream_count throws when the stream count read
+    // was a window section's mark
+    static void refuse_rest(llama_memory_i * mem, llama_seq_id seq, const void * rest, size_t n);
+    static void refuse_rest(llama_memory_i * mem, llama_seq_id seq, llama_file & file, size_t n);
+    static void refuse_stream_count(llama_io_read_i & io, uint32_t n_stream_read);
 
 private:
     uint32_t w;
