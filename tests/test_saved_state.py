@@ -91,11 +91,14 @@ def test_python_state_with_an_exact_window_restores_bit_identically(Llama):
 
 
 @pytest.mark.parametrize("model", ["tiny", "gemma"])
-def test_python_state_with_an_exact_window_into_a_context_without_one_is_refused(Llama, tiny, model):
+def test_python_state_with_an_exact_window_into_a_context_without_one_is_refused(Llama, tiny, tmp_path, model):
     """The window's rows follow the cache's own state, so a context without a window used to stop
     short of them: a bare size mismatch (one cache) or "n_stream mismatch" (Gemma's pair of
-    caches). It names the window now, and nothing is lost."""
-    from pyturbo.llama import StateError
+    caches). It names the window now, in memory and from a state file (llama_state_load_file,
+    llama-cli's prompt cache), and nothing is lost."""
+    import ctypes
+    import llama_cpp
+    from pyturbo.llama import StateError, captured_log
     path = tiny if model == "tiny" else str(data.default_model())
     a = make(Llama, path, "turboq3", "turboq3", window=8)
     a.eval(a.tokenize(PROMPT.encode()))
@@ -107,6 +110,13 @@ def test_python_state_with_an_exact_window_into_a_context_without_one_is_refused
                                          r"and this context has none"):
         b.load_state(state)
     assert b.n_tokens == n_before and bytes(b.save_state().llama_state) == before
+    file = str(tmp_path / "state.bin").encode()
+    tokens = (llama_cpp.llama_token * a.n_tokens)(*a.input_ids[: a.n_tokens].tolist())
+    assert llama_cpp.llama_state_save_file(a._ctx.ctx, file, tokens, a.n_tokens)
+    out, n_out = (llama_cpp.llama_token * 256)(), ctypes.c_size_t(0)
+    with captured_log(False) as log:
+        assert not llama_cpp.llama_state_load_file(b._ctx.ctx, file, out, 256, ctypes.byref(n_out))
+    assert "saved with an exact window of 8 positions" in "".join(msg for _, msg in log)
 
 
 @pytest.mark.parametrize("k,v,la,reason", [
