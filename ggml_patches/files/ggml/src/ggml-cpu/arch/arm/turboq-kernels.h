@@ -8,8 +8,10 @@
 // -ffp-contract=off keeps the compiler from adding).
 
 #include <arm_neon.h>
+#include <string.h>
 
-#define TURBOQ_ARCH_DECODE 1
+#define TURBOQ_ARCH_DECODE     1
+#define TURBOQ_ARCH_DECODE_G32 1
 #define TURBOQ_ARCH_DOT    1
 #define TURBOQ_ARCH_MAD    1
 #define TURBOQ_ARCH_SCALE  1
@@ -314,6 +316,62 @@ static inline float turboq4_g64_decode(const void * vb, float * GGML_RESTRICT ou
 static inline float turboq8_g64_decode(const void * vb, float * GGML_RESTRICT out) {
     const block_turboq8_g64 * b = (const block_turboq8_g64 *) vb;
     for (int i = 0; i < QK_TURBOQ_G64; ++i) out[i] = turboq8_centroids[b->qs[i]];
+    return turboq_block_norm(vb);
+}
+
+// The _g32 twins: the same layouts with 32 for 128; a block's 8 or 16 bytes are duplicated across
+// the two halves of a register, and each lane shifts its copy by its own amount
+
+static inline float turboq2_g32_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq2_g32 * b = (const block_turboq2_g32 *) vb;
+    uint8_t idx[QK_TURBOQ_G32];
+    // value 8k + i = (qs[i] >> 2k) & 3: lanes 0-7 take k = 0 (2 in the second store), lanes 8-15 k = 1 (3)
+    static const int8_t shift[16] = { 0, 0, 0, 0, 0, 0, 0, 0, -2, -2, -2, -2, -2, -2, -2, -2 };
+    const uint8x8_t q8 = vld1_u8(b->qs);
+    const uint8x16_t q = vcombine_u8(q8, q8);
+    const uint8x16_t m = vdupq_n_u8(3);
+    const int8x16_t  s = vld1q_s8(shift);
+    vst1q_u8(idx,      vandq_u8(vshlq_u8(q, s), m));
+    vst1q_u8(idx + 16, vandq_u8(vshlq_u8(vshrq_n_u8(q, 4), s), m));
+    turboq_neon_lookup_n(turboq2_g32_centroids, 4, idx, out, QK_TURBOQ_G32);
+    return turboq_block_norm(vb);
+}
+
+static inline float turboq3_g32_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq3_g32 * b = (const block_turboq3_g32 *) vb;
+    uint8_t idx[QK_TURBOQ_G32];
+    static const int8_t shift[16] = { 0, 0, 0, 0, 0, 0, 0, 0, -2, -2, -2, -2, -2, -2, -2, -2 };
+    // value v's high bit: qh[v % 4] bit v / 4; lane l holds qh[l % 4] >> (l / 4), and >> 4 more for v = 16 + l
+    static const int8_t hshift[16] = { 0, 0, 0, 0, -1, -1, -1, -1, -2, -2, -2, -2, -3, -3, -3, -3 };
+    const uint8x8_t q8 = vld1_u8(b->qs);
+    const uint8x16_t q = vcombine_u8(q8, q8);
+    uint32_t qh;
+    memcpy(&qh, b->qh, sizeof(qh));
+    const uint8x16_t hv = vshlq_u8(vreinterpretq_u8_u32(vdupq_n_u32(qh)), vld1q_s8(hshift));
+    const uint8x16_t m = vdupq_n_u8(3);
+    const uint8x16_t one = vdupq_n_u8(1);
+    const int8x16_t  s = vld1q_s8(shift);
+    const uint8x16_t lo0 = vandq_u8(vshlq_u8(q, s), m);
+    const uint8x16_t lo1 = vandq_u8(vshlq_u8(vshrq_n_u8(q, 4), s), m);
+    vst1q_u8(idx,      vorrq_u8(lo0, vshlq_n_u8(vandq_u8(hv, one), 2)));
+    vst1q_u8(idx + 16, vorrq_u8(lo1, vshlq_n_u8(vandq_u8(vshrq_n_u8(hv, 4), one), 2)));
+    turboq_neon_lookup_n(turboq3_g32_centroids, 8, idx, out, QK_TURBOQ_G32);
+    return turboq_block_norm(vb);
+}
+
+static inline float turboq4_g32_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq4_g32 * b = (const block_turboq4_g32 *) vb;
+    uint8_t idx[QK_TURBOQ_G32];
+    const uint8x16_t q = vld1q_u8(b->qs);
+    vst1q_u8(idx,      vandq_u8(q, vdupq_n_u8(15)));
+    vst1q_u8(idx + 16, vshrq_n_u8(q, 4));
+    turboq_neon_lookup_n(turboq4_g32_centroids, 16, idx, out, QK_TURBOQ_G32);
+    return turboq_block_norm(vb);
+}
+
+static inline float turboq8_g32_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq8_g32 * b = (const block_turboq8_g32 *) vb;
+    for (int i = 0; i < QK_TURBOQ_G32; ++i) out[i] = turboq8_centroids[b->qs[i]];
     return turboq_block_norm(vb);
 }
 
