@@ -1,12 +1,21 @@
-// CUDA kernels for the TurboQuant KV-cache types (pyturbo): turboq2_0/3_0/4_0/8_0.
-// Reference codec: ggml/src/ggml-turboq.c and ggml-turboq-encode.h. One warp handles one 128-value group: lane l holds
-// values l + 32*k (k = 0..3), so the Walsh-Hadamard butterflies h = 1..16 are warp shuffles and
-// h = 32, 64 are register-local. Every float operation of the encoder follows the C reference in
-// the same order with explicitly rounded intrinsics (the CUDA build uses -use_fast_math).
+// CUDA kernels for the TurboQuant KV-cache types (pyturbo): turboq2/3/4/8 on 128-value groups
+// (turboq2_0..turboq8_0) and their twins on 64- and 32-value groups (_g64, _g32).
+// Reference codec: ggml/src/ggml-turboq.c and ggml-turboq-encode.h. One warp handles one group of
+// G values: lane l holds values l + 32*k (k < G/32), so the Walsh-Hadamard butterflies h = 1..16
+// are warp shuffles and h = 32, 64 are register-local. Every float operation of the encoder
+// follows the C reference in the same order with explicitly rounded intrinsics (the CUDA build
+// uses -use_fast_math).
+//
+// This header holds device code only, so that tests/cuda_emulation.cpp can compile it for the
+// host with TURBOQ_CUDA_EMULATION (a warp of 32 threads, shuffles through a barrier) and check it
+// bit for bit against the C codec where no GPU is at hand.
 #pragma once
 
+#ifndef TURBOQ_CUDA_EMULATION
 #include "common.cuh"
+#include "convert.cuh"
 #include "turboq.cuh"
+#endif
 
 #ifndef TURBOQ_TABLE
 #define TURBOQ_TABLE static __constant__ const
@@ -17,42 +26,79 @@ static_assert(QK_TURBOQ == TURBOQ_GROUP, "turboq block and rotation group must m
 
 // ---- device helpers ----
 
+// the 128-value types, which the packed flash-attention kernel (fattn-turboq.cuh) reads
 static constexpr __host__ __device__ bool tq_is_turboq(const ggml_type type) {
     return type == GGML_TYPE_TURBOQ2_0 || type == GGML_TYPE_TURBOQ3_0 || type == GGML_TYPE_TURBOQ4_0 || type == GGML_TYPE_TURBOQ8_0;
 }
 
+// block: the layout; G: values per group; bits: index width (8: turboq8's grid)
 template <ggml_type type> struct tq_traits;
-template <> struct tq_traits<GGML_TYPE_TURBOQ2_0> { typedef block_turboq2_0 block; static constexpr int n_levels =   4; };
-template <> struct tq_traits<GGML_TYPE_TURBOQ3_0> { typedef block_turboq3_0 block; static constexpr int n_levels =   8; };
-template <> struct tq_traits<GGML_TYPE_TURBOQ4_0> { typedef block_turboq4_0 block; static constexpr int n_levels =  16; };
-template <> struct tq_traits<GGML_TYPE_TURBOQ8_0> { typedef block_turboq8_0 block; static constexpr int n_levels = 256; };
+#define TQ_TRAITS(TYPE, BLOCK, G_, BITS)                                                     \
+    template <> struct tq_traits<TYPE> {                                                     \
+        typedef BLOCK block;                                                                 \
+        static constexpr int G        = G_;                                                  \
+        static constexpr int bits     = BITS;                                                \
+        static constexpr int n_levels = 1 << BITS;                                           \
+    };                                                                                       \
+    static_assert(sizeof(BLOCK) == 2 + (BITS)*(G_)/8 + ((TYPE) == GGML_TYPE_TURBOQ4_0 ? 2 : 0), "unexpected " #BLOCK " size");
+TQ_TRAITS(GGML_TYPE_TURBOQ2_0,   block_turboq2_0,   128, 2)
+TQ_TRAITS(GGML_TYPE_TURBOQ3_0,   block_turboq3_0,   128, 3)
+TQ_TRAITS(GGML_TYPE_TURBOQ4_0,   block_turboq4_0,   128, 4)
+TQ_TRAITS(GGML_TYPE_TURBOQ8_0,   block_turboq8_0,   128, 8)
+TQ_TRAITS(GGML_TYPE_TURBOQ2_G64, block_turboq2_g64,  64, 2)
+TQ_TRAITS(GGML_TYPE_TURBOQ3_G64, block_turboq3_g64,  64, 3)
+TQ_TRAITS(GGML_TYPE_TURBOQ4_G64, block_turboq4_g64,  64, 4)
+TQ_TRAITS(GGML_TYPE_TURBOQ8_G64, block_turboq8_g64,  64, 8)
+TQ_TRAITS(GGML_TYPE_TURBOQ2_G32, block_turboq2_g32,  32, 2)
+TQ_TRAITS(GGML_TYPE_TURBOQ3_G32, block_turboq3_g32,  32, 3)
+TQ_TRAITS(GGML_TYPE_TURBOQ4_G32, block_turboq4_g32,  32, 4)
+TQ_TRAITS(GGML_TYPE_TURBOQ8_G32, block_turboq8_g32,  32, 8)
+#undef TQ_TRAITS
+
+// values per lane of one group
+template <ggml_type type>
+static constexpr __host__ __device__ int tq_nv() {
+    return tq_traits<type>::G / 32;
+}
 
 template <ggml_type type>
 static __device__ __forceinline__ const float * tq_centroids() {
-    if constexpr (type == GGML_TYPE_TURBOQ2_0) {
-        return turboq2_centroids;
-    } else if constexpr (type == GGML_TYPE_TURBOQ3_0) {
-        return turboq3_centroids;
-    } else if constexpr (type == GGML_TYPE_TURBOQ4_0) {
-        return turboq4_centroids;
-    } else {
-        return turboq8_centroids;
+    constexpr int G = tq_traits<type>::G;
+    switch (tq_traits<type>::bits) {
+        case 2:  return G == 128 ? turboq2_centroids : G == 64 ? turboq2_g64_centroids : turboq2_g32_centroids;
+        case 3:  return G == 128 ? turboq3_centroids : G == 64 ? turboq3_g64_centroids : turboq3_g32_centroids;
+        case 4:  return G == 128 ? turboq4_centroids : G == 64 ? turboq4_g64_centroids : turboq4_g32_centroids;
+        default: return turboq8_centroids; // one grid for every group size
     }
 }
 
+template <ggml_type type>
+static __device__ __forceinline__ const float * tq_thresholds() {
+    constexpr int G = tq_traits<type>::G;
+    switch (tq_traits<type>::bits) {
+        case 2:  return G == 128 ? turboq2_thresholds : G == 64 ? turboq2_g64_thresholds : turboq2_g32_thresholds;
+        case 3:  return G == 128 ? turboq3_thresholds : G == 64 ? turboq3_g64_thresholds : turboq3_g32_thresholds;
+        default: return G == 128 ? turboq4_thresholds : G == 64 ? turboq4_g64_thresholds : turboq4_g32_thresholds;
+    }
+}
+
+static constexpr __host__ __device__ float tq_inv_sqrt_group(const int G) {
+    return G == 128 ? TURBOQ_INV_SQRT_GROUP : G == 64 ? TURBOQ_G64_INV_SQRT_GROUP : TURBOQ_G32_INV_SQRT_GROUP;
+}
+
 // The sign vectors and the level table, staged in shared memory: lanes read different entries,
-// which __constant__ memory would serialize.
+// which __constant__ memory would serialize. A group of G values uses the first G signs.
 template <ggml_type type>
 struct tq_smem_tables {
-    float sign1[TURBOQ_GROUP];
-    float sign2[TURBOQ_GROUP];
+    float sign1[tq_traits<type>::G];
+    float sign2[tq_traits<type>::G];
     float lut[tq_traits<type>::n_levels];
 };
 
 template <ggml_type type>
 static __device__ __forceinline__ void tq_load_tables(tq_smem_tables<type> & t, const int tid, const int nthreads) {
     const float * c = tq_centroids<type>();
-    for (int i = tid; i < TURBOQ_GROUP; i += nthreads) {
+    for (int i = tid; i < tq_traits<type>::G; i += nthreads) {
         t.sign1[i] = turboq_sign1[i];
         t.sign2[i] = turboq_sign2[i];
     }
@@ -61,31 +107,50 @@ static __device__ __forceinline__ void tq_load_tables(tq_smem_tables<type> & t, 
     }
 }
 
-// Unnormalised Sylvester Walsh-Hadamard transform of one group, butterflies h = 1..64 in the
-// order of turboq_generic_fwht() in ggml-turboq-encode.h (x[j] = a + b, x[j + h] = a - b), bit for bit.
-static __device__ __forceinline__ void tq_fwht128(float (&x)[4], const int lane) {
+// Unnormalised Sylvester Walsh-Hadamard transform of one group of 32*NV values, butterflies
+// h = 1..16*NV in the order of turboq_generic_fwht_n() in ggml-turboq-encode.h (x[j] = a + b,
+// x[j + h] = a - b), bit for bit.
+template <int NV>
+static __device__ __forceinline__ void tq_fwht(float (&x)[NV], const int lane) {
 #pragma unroll
     for (int h = 1; h < 32; h <<= 1) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < NV; ++k) {
             const float o = __shfl_xor_sync(0xFFFFFFFF, x[k], h, 32);
             x[k] = (lane & h) ? __fsub_rn(o, x[k]) : __fadd_rn(x[k], o);
         }
     }
-    float a, b;
-    // h = 32: (l, l + 32) and (l + 64, l + 96)
-    a = x[0]; b = x[1]; x[0] = __fadd_rn(a, b); x[1] = __fsub_rn(a, b);
-    a = x[2]; b = x[3]; x[2] = __fadd_rn(a, b); x[3] = __fsub_rn(a, b);
-    // h = 64: (l, l + 64) and (l + 32, l + 96)
-    a = x[0]; b = x[2]; x[0] = __fadd_rn(a, b); x[2] = __fsub_rn(a, b);
-    a = x[1]; b = x[3]; x[1] = __fadd_rn(a, b); x[3] = __fsub_rn(a, b);
+    // h = 32, 64: (value l + 32k, value l + 32(k + h/32)) within one lane
+#pragma unroll
+    for (int step = 1; step < NV; step <<= 1) {
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            if (!(k & step)) {
+                const float a = x[k];
+                const float b = x[k + step];
+                x[k]        = __fadd_rn(a, b);
+                x[k + step] = __fsub_rn(a, b);
+            }
+        }
+    }
 }
 
-// turboq_generic_tree_sum() of t: the fixed halving tree h = 64..1, result broadcast to all lanes.
-static __device__ __forceinline__ float tq_tree_sum(const float (&t)[4]) {
-    const float s0 = __fadd_rn(t[0], t[2]); // h = 64: value l + value l+64
-    const float s1 = __fadd_rn(t[1], t[3]); //         value l+32 + value l+96
-    float s = __fadd_rn(s0, s1);            // h = 32
+static __device__ __forceinline__ void tq_fwht128(float (&x)[4], const int lane) {
+    tq_fwht<4>(x, lane);
+}
+
+// turboq_generic_tree_sum_n() of t: the fixed halving tree h = 16*NV..1, result broadcast to all lanes.
+template <int NV>
+static __device__ __forceinline__ float tq_tree_sum(float (&t)[NV]) {
+    // h = 64, 32: within one lane
+#pragma unroll
+    for (int step = NV/2; step > 0; step >>= 1) {
+#pragma unroll
+        for (int k = 0; k < step; ++k) {
+            t[k] = __fadd_rn(t[k], t[k + step]);
+        }
+    }
+    float s = t[0];
 #pragma unroll
     for (int h = 16; h > 0; h >>= 1) {
         s = __fadd_rn(s, __shfl_down_sync(0xFFFFFFFF, s, h, 32));
@@ -93,91 +158,111 @@ static __device__ __forceinline__ float tq_tree_sum(const float (&t)[4]) {
     return __shfl_sync(0xFFFFFFFF, s, 0, 32);
 }
 
-// y = D2.H.D1.x/sqrt(128) (turboq_rotate_group_with)
-static __device__ __forceinline__ void tq_rotate(float (&x)[4], const int lane, const float * sign1, const float * sign2) {
+// y = D2.H.D1.x/sqrt(G) (turboq_rotate_group_with)
+template <int NV>
+static __device__ __forceinline__ void tq_rotate(float (&x)[NV], const int lane, const float * sign1, const float * sign2) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < NV; ++k) {
         x[k] = __fmul_rn(x[k], sign1[32*k + lane]);
     }
-    tq_fwht128(x, lane);
+    tq_fwht<NV>(x, lane);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        x[k] = __fmul_rn(__fmul_rn(x[k], TURBOQ_INV_SQRT_GROUP), sign2[32*k + lane]);
+    for (int k = 0; k < NV; ++k) {
+        x[k] = __fmul_rn(__fmul_rn(x[k], tq_inv_sqrt_group(32*NV)), sign2[32*k + lane]);
     }
 }
 
-// x = D1.H.D2.y/sqrt(128) * scale (turboq_unrotate_group_scaled)
-static __device__ __forceinline__ void tq_unrotate_scaled(float (&x)[4], const float scale, const int lane, const float * sign1, const float * sign2) {
-    const float k_s = __fmul_rn(scale, TURBOQ_INV_SQRT_GROUP);
+// x = D1.H.D2.y/sqrt(G) * scale (turboq_unrotate_group_scaled)
+template <int NV>
+static __device__ __forceinline__ void tq_unrotate_scaled(float (&x)[NV], const float scale, const int lane, const float * sign1, const float * sign2) {
+    const float k_s = __fmul_rn(scale, tq_inv_sqrt_group(32*NV));
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < NV; ++k) {
         x[k] = __fmul_rn(x[k], sign2[32*k + lane]);
     }
-    tq_fwht128(x, lane);
+    tq_fwht<NV>(x, lane);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < NV; ++k) {
         x[k] = __fmul_rn(__fmul_rn(x[k], k_s), sign1[32*k + lane]);
     }
 }
 
+// The index layouts of every group size G (ggml-common.h): value v's field sits in byte
+// v % S of its array at position v / S, with S = G/4 (2-bit qs), G/8 (turboq3's qh bits),
+// G/2 (4-bit qs) or G (turboq8).
+
 // Level indices of values lane + 32*k of one block.
 template <ggml_type type>
-static __device__ __forceinline__ void tq_unpack(const char * __restrict__ blk, const int lane, int (&idx)[4]) {
-    if constexpr (type == GGML_TYPE_TURBOQ2_0) {
-        const block_turboq2_0 * b = (const block_turboq2_0 *) blk;
-        const int q = b->qs[lane];
+static __device__ __forceinline__ void tq_unpack(const char * __restrict__ blk, const int lane, int (&idx)[tq_nv<type>()]) {
+    typedef typename tq_traits<type>::block block_t;
+    constexpr int G  = tq_traits<type>::G;
+    constexpr int NV = tq_nv<type>();
+    const block_t * b = (const block_t *) blk;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            idx[k] = (q >> (2*k)) & 3;
+    for (int k = 0; k < NV; ++k) {
+        const int v = lane + 32*k;
+        if constexpr (tq_traits<type>::bits == 2 || tq_traits<type>::bits == 3) {
+            idx[k] = (b->qs[v % (G/4)] >> (2*(v / (G/4)))) & 3;
         }
-    } else if constexpr (type == GGML_TYPE_TURBOQ3_0) {
-        const block_turboq3_0 * b = (const block_turboq3_0 *) blk;
-        const int q = b->qs[lane];
-        // value lane + 32k: high bit in qh[lane % 16], bit 2k + lane/16
-        const int h = b->qh[lane & 15] >> (lane >> 4);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            idx[k] = ((q >> (2*k)) & 3) | (((h >> (2*k)) & 1) << 2);
+        if constexpr (tq_traits<type>::bits == 3) {
+            idx[k] |= ((b->qh[v % (G/8)] >> (v / (G/8))) & 1) << 2;
         }
-    } else if constexpr (type == GGML_TYPE_TURBOQ4_0) {
-        const block_turboq4_0 * b = (const block_turboq4_0 *) blk;
-        const int q0 = b->qs[lane];      // values lane (low) and lane + 64 (high)
-        const int q1 = b->qs[lane + 32]; // values lane + 32 (low) and lane + 96 (high)
-        idx[0] = q0 & 15;
-        idx[1] = q1 & 15;
-        idx[2] = q0 >> 4;
-        idx[3] = q1 >> 4;
-    } else {
-        static_assert(type == GGML_TYPE_TURBOQ8_0, "not a turboq type");
-        const block_turboq8_0 * b = (const block_turboq8_0 *) blk;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            idx[k] = b->qs[32*k + lane];
+        if constexpr (tq_traits<type>::bits == 4) {
+            idx[k] = (b->qs[v % (G/2)] >> (4*(v / (G/2)))) & 15;
+        }
+        if constexpr (tq_traits<type>::bits == 8) {
+            idx[k] = b->qs[v];
         }
     }
 }
 
 // Rotated-domain decode of one block: c[k] = level of value lane + 32*k; returns the norm.
 template <ggml_type type>
-static __device__ __forceinline__ float tq_decode_rotated(const char * __restrict__ blk, const int lane, const float * lut, float (&c)[4]) {
-    int idx[4];
+static __device__ __forceinline__ float tq_decode_rotated(const char * __restrict__ blk, const int lane, const float * lut, float (&c)[tq_nv<type>()]) {
+    int idx[tq_nv<type>()];
     tq_unpack<type>(blk, lane, idx);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < tq_nv<type>(); ++k) {
         c[k] = lut[idx[k]];
     }
     return __half2float(*(const half *) blk);
 }
 
+// Byte b = lane + 32*r (< n_bytes) of an index array whose byte b holds the fields of values
+// b + f*S, f = 0..32*NV/S - 1, `width` bits each. The lane that holds value v is v % 32 and its
+// register is v / 32, the same for every lane of one (r, f): S either divides 32 (and b < S) or
+// is a multiple of 32. Warp-collective.
+template <int NV, int S, int width>
+static __device__ __forceinline__ void tq_pack_field(uint8_t * __restrict__ dst, const int (&field)[NV], const int lane) {
+    constexpr int n_bytes = S;
+    constexpr int n_field = 32*NV / S;
+#pragma unroll
+    for (int r = 0; r < (n_bytes + 31)/32; ++r) {
+        int byte = 0;
+#pragma unroll
+        for (int f = 0; f < n_field; ++f) {
+            const int reg = (32*r + f*S) / 32;
+            const int src = (lane + f*S) % 32;
+            const int val = __shfl_sync(0xFFFFFFFF, field[reg], src, 32);
+            byte |= (val & ((1 << width) - 1)) << (width*f);
+        }
+        if (lane + 32*r < n_bytes) {
+            dst[lane + 32*r] = (uint8_t) byte;
+        }
+    }
+}
+
 // Encode one group (turboq_encode_group_with + pack). x[k] = value lane + 32*k. Warp-collective.
 template <ggml_type type>
-static __device__ __forceinline__ void tq_encode_group(const float (&x)[4], char * __restrict__ blk, const int lane, const tq_smem_tables<type> & t) {
+static __device__ __forceinline__ void tq_encode_group(const float (&x)[tq_nv<type>()], char * __restrict__ blk, const int lane, const tq_smem_tables<type> & t) {
     typedef typename tq_traits<type>::block block_t;
+    constexpr int G  = tq_traits<type>::G;
+    constexpr int NV = tq_nv<type>();
 
     bool finite = true;
     float amax = 0.0f;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < NV; ++k) {
         finite = finite && isfinite(x[k]);
         amax = fmaxf(amax, fabsf(x[k]));
     }
@@ -191,40 +276,39 @@ static __device__ __forceinline__ void tq_encode_group(const float (&x)[4], char
         return;
     }
 
-    float v[4];
-    float sq[4];
+    float v[NV];
+    float sq[NV];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < NV; ++k) {
         v[k]  = __fdiv_rn(x[k], amax);
         sq[k] = __fmul_rn(v[k], v[k]);
     }
-    const float r = __fsqrt_rn(tq_tree_sum(sq));
+    const float r = __fsqrt_rn(tq_tree_sum<NV>(sq));
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < NV; ++k) {
         v[k] = __fdiv_rn(v[k], r);
     }
 
-    tq_rotate(v, lane, t.sign1, t.sign2);
+    tq_rotate<NV>(v, lane, t.sign1, t.sign2);
 
-    int idx[4];
-    if constexpr (type == GGML_TYPE_TURBOQ8_0) {
+    int idx[NV];
+    if constexpr (tq_traits<type>::bits == 8) {
         float ya = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < NV; ++k) {
             ya = fmaxf(ya, fabsf(v[k]));
         }
         ya = warp_reduce_max<32>(ya);
         const float s = __fdiv_rn(127.5f, ya);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < NV; ++k) {
             const float q = floorf(__fadd_rn(__fmul_rn(v[k], s), 128.0f));
             idx[k] = q < 0.0f ? 0 : q > 255.0f ? 255 : (int) q;
         }
     } else {
-        const float * thr = type == GGML_TYPE_TURBOQ2_0 ? turboq2_thresholds :
-                            type == GGML_TYPE_TURBOQ3_0 ? turboq3_thresholds : turboq4_thresholds;
+        const float * thr = tq_thresholds<type>();
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < NV; ++k) {
             int q = 0;
 #pragma unroll
             for (int i = 0; i < tq_traits<type>::n_levels - 1; ++i) {
@@ -235,43 +319,191 @@ static __device__ __forceinline__ void tq_encode_group(const float (&x)[4], char
     }
 
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < NV; ++k) {
         const float c = t.lut[idx[k]];
         sq[k] = __fmul_rn(c, c);
     }
-    const float cn   = __fsqrt_rn(tq_tree_sum(sq));
+    const float cn   = __fsqrt_rn(tq_tree_sum<NV>(sq));
     const float norm = fminf(__fdiv_rn(__fmul_rn(amax, r), cn), 65504.0f);
 
     block_t * b = (block_t *) blk;
     if (lane == 0) {
         b->norm = __float2half_rn(norm);
     }
-    if constexpr (type == GGML_TYPE_TURBOQ2_0 || type == GGML_TYPE_TURBOQ3_0) {
-        b->qs[lane] = (uint8_t) ((idx[0] & 3) | (idx[1] & 3) << 2 | (idx[2] & 3) << 4 | (idx[3] & 3) << 6);
-    }
-    if constexpr (type == GGML_TYPE_TURBOQ3_0) {
-        // qh[i] bit k = bit 2 of value i + 16k; lane l < 16 owns the even bits, lane l + 16 the odd ones
-        int h = 0;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            h |= ((idx[k] >> 2) & 1) << (2*k + (lane >> 4));
-        }
-        h |= __shfl_down_sync(0xFFFFFFFF, h, 16, 32);
-        if (lane < 16) {
-            b->qh[lane] = (uint8_t) h;
-        }
-    }
     if constexpr (type == GGML_TYPE_TURBOQ4_0) {
         if (lane == 0) {
-            b->rnorm = __float2half_rn(0.0f);
+            b->rnorm = __float2half_rn(0.0f); // reserved, always 0
         }
-        b->qs[lane]      = (uint8_t) ((idx[0] & 15) | (idx[2] & 15) << 4);
-        b->qs[lane + 32] = (uint8_t) ((idx[1] & 15) | (idx[3] & 15) << 4);
     }
-    if constexpr (type == GGML_TYPE_TURBOQ8_0) {
+    if constexpr (tq_traits<type>::bits == 2 || tq_traits<type>::bits == 3) {
+        tq_pack_field<NV, G/4, 2>(b->qs, idx, lane);
+    }
+    if constexpr (tq_traits<type>::bits == 3) {
+        int hi[NV];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < NV; ++k) {
+            hi[k] = idx[k] >> 2;
+        }
+        tq_pack_field<NV, G/8, 1>(b->qh, hi, lane);
+    }
+    if constexpr (tq_traits<type>::bits == 4) {
+        tq_pack_field<NV, G/2, 4>(b->qs, idx, lane);
+    }
+    if constexpr (tq_traits<type>::bits == 8) {
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
             b->qs[32*k + lane] = (uint8_t) idx[k];
         }
+    }
+}
+
+// ---- codec kernels (launched from turboq.cu) ----
+
+#define TQ_WARPS_PER_BLOCK 4
+
+// ---- quantization ----
+
+// SET_ROWS: one warp per group of src0 (f32 or f16, rows contiguous).
+template <ggml_type type, typename src_t, typename idx_t>
+static __global__ void k_tq_set_rows(
+        const char * __restrict__ src0, const idx_t * __restrict__ src1, char * __restrict__ dst,
+        const int64_t n_groups, const int64_t ng0, const int64_t ne01, const int64_t ne02,
+        const int64_t ne11, const int64_t ne12,
+        const int64_t nb01, const int64_t nb02, const int64_t nb03,
+        const int64_t s10, const int64_t s11, const int64_t s12,
+        const int64_t nb1, const int64_t nb2, const int64_t nb3) {
+    __shared__ tq_smem_tables<type> tables;
+    const int lane = threadIdx.x;
+    tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
+    __syncthreads();
+
+    const int64_t g = (int64_t) blockIdx.x*TQ_WARPS_PER_BLOCK + threadIdx.y;
+    if (g >= n_groups) {
+        return;
+    }
+    int64_t r = g / ng0;
+    const int64_t ig0 = g - r*ng0;
+    const int64_t i01 = r % ne01; r /= ne01;
+    const int64_t i02 = r % ne02;
+    const int64_t i03 = r / ne02;
+    const int64_t i11 = i02 % ne11;
+    const int64_t i12 = i03 % ne12;
+
+    const int64_t dst_row = (int64_t) src1[i01*s10 + i11*s11 + i12*s12];
+
+    const src_t * x = (const src_t *) (src0 + i01*nb01 + i02*nb02 + i03*nb03) + ig0*tq_traits<type>::G;
+    char * blk = dst + dst_row*nb1 + i02*nb2 + i03*nb3 + ig0*(int64_t) sizeof(typename tq_traits<type>::block);
+
+    float v[tq_nv<type>()];
+#pragma unroll
+    for (int k = 0; k < tq_nv<type>(); ++k) {
+        v[k] = ggml_cuda_cast<float>(x[32*k + lane]);
+    }
+    tq_encode_group<type>(v, blk, lane, tables);
+}
+
+// byte offset of flat element index i in a tensor with the given shape and strides
+static __device__ __forceinline__ int64_t tq_offset(int64_t i, const int64_t ne0, const int64_t ne1, const int64_t ne2,
+        const int64_t nb0, const int64_t nb1, const int64_t nb2, const int64_t nb3) {
+    const int64_t i0 = i % ne0; i /= ne0;
+    const int64_t i1 = i % ne1; i /= ne1;
+    const int64_t i2 = i % ne2;
+    const int64_t i3 = i / ne2;
+    return i0*nb0 + i1*nb1 + i2*nb2 + i3*nb3;
+}
+
+struct tq_nd {
+    int64_t ne0, ne1, ne2;
+    int64_t nb0, nb1, nb2, nb3;
+};
+
+// CPY f32/f16 -> turboq, any src layout (elements in ggml_nelements order).
+template <ggml_type type, typename src_t>
+static __global__ void k_tq_quantize_nd(const char * __restrict__ src, char * __restrict__ dst, const int64_t n_groups, const tq_nd s, const tq_nd d) {
+    __shared__ tq_smem_tables<type> tables;
+    const int lane = threadIdx.x;
+    tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
+    __syncthreads();
+
+    const int64_t g = (int64_t) blockIdx.x*TQ_WARPS_PER_BLOCK + threadIdx.y;
+    if (g >= n_groups) {
+        return;
+    }
+    const int64_t i = g*tq_traits<type>::G;
+    // turboq rows hold whole groups: d.nb0 is the block size, d.ne0 counts values
+    const int64_t i0 = i % d.ne0;
+    char * blk = dst + tq_offset(i - i0, d.ne0, d.ne1, d.ne2, 0, d.nb1, d.nb2, d.nb3) + (i0/tq_traits<type>::G)*d.nb0;
+
+    float v[tq_nv<type>()];
+#pragma unroll
+    for (int k = 0; k < tq_nv<type>(); ++k) {
+        v[k] = ggml_cuda_cast<float>(*(const src_t *) (src + tq_offset(i + 32*k + lane, s.ne0, s.ne1, s.ne2, s.nb0, s.nb1, s.nb2, s.nb3)));
+    }
+    tq_encode_group<type>(v, blk, lane, tables);
+}
+
+// ---- dequantization ----
+
+template <ggml_type type, typename dst_t>
+static __device__ __forceinline__ void tq_dequant_group(const char * __restrict__ blk, const int lane, const tq_smem_tables<type> & t, float (&x)[tq_nv<type>()]) {
+    const float norm = tq_decode_rotated<type>(blk, lane, t.lut, x);
+    tq_unrotate_scaled(x, norm, lane, t.sign1, t.sign2);
+}
+
+// CPY turboq -> f32/f16 (any dst layout) and contiguous conversion.
+template <ggml_type type, typename dst_t>
+static __global__ void k_tq_dequantize_nd(const char * __restrict__ src, char * __restrict__ dst, const int64_t n_groups, const tq_nd s, const tq_nd d) {
+    __shared__ tq_smem_tables<type> tables;
+    const int lane = threadIdx.x;
+    tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
+    __syncthreads();
+
+    const int64_t g = (int64_t) blockIdx.x*TQ_WARPS_PER_BLOCK + threadIdx.y;
+    if (g >= n_groups) {
+        return;
+    }
+    const int64_t i  = g*tq_traits<type>::G;
+    const int64_t i0 = i % s.ne0;
+    const char * blk = src + tq_offset(i - i0, s.ne0, s.ne1, s.ne2, 0, s.nb1, s.nb2, s.nb3) + (i0/tq_traits<type>::G)*s.nb0;
+
+    float x[tq_nv<type>()];
+    tq_dequant_group<type, dst_t>(blk, lane, tables, x);
+#pragma unroll
+    for (int k = 0; k < tq_nv<type>(); ++k) {
+        *(dst_t *) (dst + tq_offset(i + 32*k + lane, d.ne0, d.ne1, d.ne2, d.nb0, d.nb1, d.nb2, d.nb3)) = ggml_cuda_cast<dst_t>(x[k]);
+    }
+}
+
+// GET_ROWS: dst[:, i10, i11, i12] = src0[:, src1[i10, i11, i12], i11, i12]
+template <ggml_type type, typename dst_t>
+static __global__ void k_tq_get_rows(
+        const char * __restrict__ src0, const int32_t * __restrict__ src1, char * __restrict__ dst,
+        const int64_t ng0, const int64_t ne10,
+        const int64_t nb01, const int64_t nb02, const int64_t nb03,
+        const int64_t s10, const int64_t s11, const int64_t s12,
+        const int64_t nb1, const int64_t nb2, const int64_t nb3) {
+    __shared__ tq_smem_tables<type> tables;
+    const int lane = threadIdx.x;
+    tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
+    __syncthreads();
+
+    const int64_t g = (int64_t) blockIdx.x*TQ_WARPS_PER_BLOCK + threadIdx.y;
+    if (g >= ng0*ne10) {
+        return;
+    }
+    const int64_t i10 = g / ng0;
+    const int64_t ig0 = g - i10*ng0;
+    const int64_t i11 = blockIdx.y;
+    const int64_t i12 = blockIdx.z;
+
+    const int64_t i01 = src1[i10*s10 + i11*s11 + i12*s12];
+    const char * blk = src0 + i01*nb01 + i11*nb02 + i12*nb03 + ig0*(int64_t) sizeof(typename tq_traits<type>::block);
+    dst_t * y = (dst_t *) (dst + i10*nb1 + i11*nb2 + i12*nb3) + ig0*tq_traits<type>::G;
+
+    float x[tq_nv<type>()];
+    tq_dequant_group<type, dst_t>(blk, lane, tables, x);
+#pragma unroll
+    for (int k = 0; k < tq_nv<type>(); ++k) {
+        y[32*k + lane] = ggml_cuda_cast<dst_t>(x[k]);
     }
 }

@@ -1,70 +1,13 @@
-// CUDA kernels for the TurboQuant KV-cache types (pyturbo): SET_ROWS / CPY quantization,
-// GET_ROWS / CPY / contiguous dequantization, and the flash-attention dispatch.
-// Device helpers: turboq.cuh; flash-attention kernels: fattn-turboq.cuh.
+// The host side of the TurboQuant KV-cache types (pyturbo) on CUDA: launches of SET_ROWS / CPY
+// quantization, GET_ROWS / CPY / contiguous dequantization, and the flash-attention dispatch.
+// Codec kernels and device helpers: turboq-device.cuh; flash-attention kernels: fattn-turboq.cuh.
 
 #include "turboq-device.cuh"
 #include "fattn-turboq.cuh"
-#include "convert.cuh"
 
 #include <cstring>
 
-#define TQ_WARPS_PER_BLOCK 4
-
-// ---- quantization ----
-
-// SET_ROWS: one warp per 128-group of src0 (f32 or f16, rows contiguous).
-template <ggml_type type, typename src_t, typename idx_t>
-static __global__ void k_tq_set_rows(
-        const char * __restrict__ src0, const idx_t * __restrict__ src1, char * __restrict__ dst,
-        const int64_t n_groups, const int64_t ng0, const int64_t ne01, const int64_t ne02,
-        const int64_t ne11, const int64_t ne12,
-        const int64_t nb01, const int64_t nb02, const int64_t nb03,
-        const int64_t s10, const int64_t s11, const int64_t s12,
-        const int64_t nb1, const int64_t nb2, const int64_t nb3) {
-    __shared__ tq_smem_tables<type> tables;
-    const int lane = threadIdx.x;
-    tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
-    __syncthreads();
-
-    const int64_t g = (int64_t) blockIdx.x*TQ_WARPS_PER_BLOCK + threadIdx.y;
-    if (g >= n_groups) {
-        return;
-    }
-    int64_t r = g / ng0;
-    const int64_t ig0 = g - r*ng0;
-    const int64_t i01 = r % ne01; r /= ne01;
-    const int64_t i02 = r % ne02;
-    const int64_t i03 = r / ne02;
-    const int64_t i11 = i02 % ne11;
-    const int64_t i12 = i03 % ne12;
-
-    const int64_t dst_row = (int64_t) src1[i01*s10 + i11*s11 + i12*s12];
-
-    const src_t * x = (const src_t *) (src0 + i01*nb01 + i02*nb02 + i03*nb03) + ig0*TURBOQ_GROUP;
-    char * blk = dst + dst_row*nb1 + i02*nb2 + i03*nb3 + ig0*(int64_t) sizeof(typename tq_traits<type>::block);
-
-    float v[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        v[k] = ggml_cuda_cast<float>(x[32*k + lane]);
-    }
-    tq_encode_group<type>(v, blk, lane, tables);
-}
-
-// byte offset of flat element index i in a tensor with the given shape and strides
-static __device__ __forceinline__ int64_t tq_offset(int64_t i, const int64_t ne0, const int64_t ne1, const int64_t ne2,
-        const int64_t nb0, const int64_t nb1, const int64_t nb2, const int64_t nb3) {
-    const int64_t i0 = i % ne0; i /= ne0;
-    const int64_t i1 = i % ne1; i /= ne1;
-    const int64_t i2 = i % ne2;
-    const int64_t i3 = i / ne2;
-    return i0*nb0 + i1*nb1 + i2*nb2 + i3*nb3;
-}
-
-struct tq_nd {
-    int64_t ne0, ne1, ne2;
-    int64_t nb0, nb1, nb2, nb3;
-};
+// ---- host side ----
 
 static tq_nd tq_nd_of(const ggml_tensor * t) {
     return { t->ne[0], t->ne[1], t->ne[2], (int64_t) t->nb[0], (int64_t) t->nb[1], (int64_t) t->nb[2], (int64_t) t->nb[3] };
@@ -74,98 +17,6 @@ static tq_nd tq_nd_contiguous(const int64_t k, const size_t type_size) {
     return { k, 1, 1, (int64_t) type_size, (int64_t) type_size*k, (int64_t) type_size*k, (int64_t) type_size*k };
 }
 
-// CPY f32/f16 -> turboq, any src layout (elements in ggml_nelements order).
-template <ggml_type type, typename src_t>
-static __global__ void k_tq_quantize_nd(const char * __restrict__ src, char * __restrict__ dst, const int64_t n_groups, const tq_nd s, const tq_nd d) {
-    __shared__ tq_smem_tables<type> tables;
-    const int lane = threadIdx.x;
-    tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
-    __syncthreads();
-
-    const int64_t g = (int64_t) blockIdx.x*TQ_WARPS_PER_BLOCK + threadIdx.y;
-    if (g >= n_groups) {
-        return;
-    }
-    const int64_t i = g*TURBOQ_GROUP;
-    // turboq rows hold whole groups: d.nb0 is the block size, d.ne0 counts values
-    const int64_t i0 = i % d.ne0;
-    char * blk = dst + tq_offset(i - i0, d.ne0, d.ne1, d.ne2, 0, d.nb1, d.nb2, d.nb3) + (i0/TURBOQ_GROUP)*d.nb0;
-
-    float v[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        v[k] = ggml_cuda_cast<float>(*(const src_t *) (src + tq_offset(i + 32*k + lane, s.ne0, s.ne1, s.ne2, s.nb0, s.nb1, s.nb2, s.nb3)));
-    }
-    tq_encode_group<type>(v, blk, lane, tables);
-}
-
-// ---- dequantization ----
-
-template <ggml_type type, typename dst_t>
-static __device__ __forceinline__ void tq_dequant_group(const char * __restrict__ blk, const int lane, const tq_smem_tables<type> & t, float (&x)[4]) {
-    const float norm = tq_decode_rotated<type>(blk, lane, t.lut, x);
-    tq_unrotate_scaled(x, norm, lane, t.sign1, t.sign2);
-}
-
-// CPY turboq -> f32/f16 (any dst layout) and contiguous conversion.
-template <ggml_type type, typename dst_t>
-static __global__ void k_tq_dequantize_nd(const char * __restrict__ src, char * __restrict__ dst, const int64_t n_groups, const tq_nd s, const tq_nd d) {
-    __shared__ tq_smem_tables<type> tables;
-    const int lane = threadIdx.x;
-    tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
-    __syncthreads();
-
-    const int64_t g = (int64_t) blockIdx.x*TQ_WARPS_PER_BLOCK + threadIdx.y;
-    if (g >= n_groups) {
-        return;
-    }
-    const int64_t i  = g*TURBOQ_GROUP;
-    const int64_t i0 = i % s.ne0;
-    const char * blk = src + tq_offset(i - i0, s.ne0, s.ne1, s.ne2, 0, s.nb1, s.nb2, s.nb3) + (i0/TURBOQ_GROUP)*s.nb0;
-
-    float x[4];
-    tq_dequant_group<type, dst_t>(blk, lane, tables, x);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        *(dst_t *) (dst + tq_offset(i + 32*k + lane, d.ne0, d.ne1, d.ne2, d.nb0, d.nb1, d.nb2, d.nb3)) = ggml_cuda_cast<dst_t>(x[k]);
-    }
-}
-
-// GET_ROWS: dst[:, i10, i11, i12] = src0[:, src1[i10, i11, i12], i11, i12]
-template <ggml_type type, typename dst_t>
-static __global__ void k_tq_get_rows(
-        const char * __restrict__ src0, const int32_t * __restrict__ src1, char * __restrict__ dst,
-        const int64_t ng0, const int64_t ne10,
-        const int64_t nb01, const int64_t nb02, const int64_t nb03,
-        const int64_t s10, const int64_t s11, const int64_t s12,
-        const int64_t nb1, const int64_t nb2, const int64_t nb3) {
-    __shared__ tq_smem_tables<type> tables;
-    const int lane = threadIdx.x;
-    tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
-    __syncthreads();
-
-    const int64_t g = (int64_t) blockIdx.x*TQ_WARPS_PER_BLOCK + threadIdx.y;
-    if (g >= ng0*ne10) {
-        return;
-    }
-    const int64_t i10 = g / ng0;
-    const int64_t ig0 = g - i10*ng0;
-    const int64_t i11 = blockIdx.y;
-    const int64_t i12 = blockIdx.z;
-
-    const int64_t i01 = src1[i10*s10 + i11*s11 + i12*s12];
-    const char * blk = src0 + i01*nb01 + i11*nb02 + i12*nb03 + ig0*(int64_t) sizeof(typename tq_traits<type>::block);
-    dst_t * y = (dst_t *) (dst + i10*nb1 + i11*nb2 + i12*nb3) + ig0*TURBOQ_GROUP;
-
-    float x[4];
-    tq_dequant_group<type, dst_t>(blk, lane, tables, x);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        y[32*k + lane] = ggml_cuda_cast<dst_t>(x[k]);
-    }
-}
-
-// ---- host side ----
 
 static dim3 tq_grid(const int64_t n_groups) {
     const int64_t nb = (n_groups + TQ_WARPS_PER_BLOCK - 1) / TQ_WARPS_PER_BLOCK;
@@ -173,18 +24,43 @@ static dim3 tq_grid(const int64_t n_groups) {
     return dim3((unsigned int) nb, 1, 1);
 }
 
-#define TQ_TYPE_SWITCH(type, F, ...)                                        \
-    switch (type) {                                                         \
-        case GGML_TYPE_TURBOQ2_0: F<GGML_TYPE_TURBOQ2_0>(__VA_ARGS__); break; \
-        case GGML_TYPE_TURBOQ3_0: F<GGML_TYPE_TURBOQ3_0>(__VA_ARGS__); break; \
-        case GGML_TYPE_TURBOQ4_0: F<GGML_TYPE_TURBOQ4_0>(__VA_ARGS__); break; \
-        case GGML_TYPE_TURBOQ8_0: F<GGML_TYPE_TURBOQ8_0>(__VA_ARGS__); break; \
-        default: GGML_ABORT("not a turboq type: %s", ggml_type_name(type));   \
+#define TQ_TYPE_CASE(F, T, ...) case T: F<T>(__VA_ARGS__); break;
+#define TQ_TYPE_SWITCH(type, F, ...)                                                \
+    switch (type) {                                                                 \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ2_0,   __VA_ARGS__)                         \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ3_0,   __VA_ARGS__)                         \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ4_0,   __VA_ARGS__)                         \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ8_0,   __VA_ARGS__)                         \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ2_G64, __VA_ARGS__)                         \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ3_G64, __VA_ARGS__)                         \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ4_G64, __VA_ARGS__)                         \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ8_G64, __VA_ARGS__)                         \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ2_G32, __VA_ARGS__)                         \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ3_G32, __VA_ARGS__)                         \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ4_G32, __VA_ARGS__)                         \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ8_G32, __VA_ARGS__)                         \
+        default: GGML_ABORT("not a turboq type: %s", ggml_type_name(type));         \
     }
+
+// The _g64 and _g32 twins' kernels have run only under CPU emulation
+// (tests/cuda_emulation.cpp), never on a GPU, so this backend declines them unless the debug
+// switch GGML_CUDA_TURBOQ_TWINS=1 is set (bench/cuda_check.sh sets it to test them); llama.cpp
+// then refuses a layer that needs them, naming the device.
+static bool tq_twins_enabled() {
+    static const bool on = [] {
+        const char * e = getenv("GGML_CUDA_TURBOQ_TWINS");
+        return e != nullptr && strcmp(e, "1") == 0;
+    }();
+    return on;
+}
+
+bool ggml_cuda_turboq_type(const ggml_type type) {
+    return ggml_is_turboq(type) || (ggml_turboq_group(type) != 0 && tq_twins_enabled());
+}
 
 template <ggml_type type, typename src_t, typename idx_t>
 static void tq_set_rows_launch(const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst, cudaStream_t stream) {
-    const int64_t ng0      = src0->ne[0] / TURBOQ_GROUP;
+    const int64_t ng0      = src0->ne[0] / tq_traits<type>::G;
     const int64_t n_groups = ng0*src0->ne[1]*src0->ne[2]*src0->ne[3];
     if (n_groups == 0) {
         return;
@@ -219,9 +95,9 @@ static void tq_set_rows_type(const ggml_tensor * src0, const ggml_tensor * src1,
 bool ggml_cuda_turboq_set_rows_supported(const ggml_tensor * op) {
     const ggml_tensor * src0 = op->src[0];
     const ggml_tensor * src1 = op->src[1];
-    return ggml_is_turboq(op->type) && (src0->type == GGML_TYPE_F32 || src0->type == GGML_TYPE_F16) &&
+    return ggml_cuda_turboq_type(op->type) && (src0->type == GGML_TYPE_F32 || src0->type == GGML_TYPE_F16) &&
         src0->nb[0] == ggml_type_size(src0->type) &&
-        src0->ne[0] % TURBOQ_GROUP == 0 && (src1->type == GGML_TYPE_I64 || src1->type == GGML_TYPE_I32);
+        src0->ne[0] % ggml_turboq_group(op->type) == 0 && (src1->type == GGML_TYPE_I64 || src1->type == GGML_TYPE_I32);
 }
 
 void ggml_cuda_turboq_set_rows(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
@@ -233,7 +109,7 @@ void ggml_cuda_turboq_set_rows(ggml_backend_cuda_context & ctx, ggml_tensor * ds
 
 template <ggml_type type, typename dst_t>
 static void tq_get_rows_launch(const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst, cudaStream_t stream) {
-    const int64_t ng0 = src0->ne[0] / TURBOQ_GROUP;
+    const int64_t ng0 = src0->ne[0] / tq_traits<type>::G;
     const int64_t n   = ng0*src1->ne[0];
     if (n == 0 || src1->ne[1] == 0 || src1->ne[2] == 0) {
         return;
@@ -263,7 +139,7 @@ static void tq_get_rows_type(const ggml_tensor * src0, const ggml_tensor * src1,
 bool ggml_cuda_turboq_get_rows_supported(const ggml_tensor * op) {
     const ggml_tensor * src0 = op->src[0];
     const ggml_tensor * src1 = op->src[1];
-    return ggml_is_turboq(src0->type) && src0->ne[0] % TURBOQ_GROUP == 0 && src1->type == GGML_TYPE_I32 &&
+    return ggml_cuda_turboq_type(src0->type) && src0->ne[0] % ggml_turboq_group(src0->type) == 0 && src1->type == GGML_TYPE_I32 &&
         (op->type == GGML_TYPE_F32 || op->type == GGML_TYPE_F16) && op->nb[0] == ggml_type_size(op->type) &&
         src1->ne[3] == 1 && src1->ne[1] <= 65535 && src1->ne[2] <= 65535;
 }
@@ -297,8 +173,8 @@ static void tq_quantize_launch(const void * src, void * dst, const int64_t n_gro
 
 template <ggml_type type>
 static void tq_cpy_type(const ggml_tensor * src0, ggml_tensor * src1, cudaStream_t stream) {
-    const int64_t n_groups = ggml_nelements(src0) / TURBOQ_GROUP;
-    if (ggml_is_turboq(src0->type)) {
+    const int64_t n_groups = ggml_nelements(src0) / tq_traits<type>::G;
+    if (ggml_turboq_group(src0->type)) {
         if (src1->type == GGML_TYPE_F16) {
             tq_dequantize_launch<type, half>(src0->data, src1->data, n_groups, tq_nd_of(src0), tq_nd_of(src1), stream);
         } else {
@@ -314,30 +190,30 @@ static void tq_cpy_type(const ggml_tensor * src0, ggml_tensor * src1, cudaStream
 }
 
 bool ggml_cuda_turboq_cpy_supported(const ggml_tensor * src0, const ggml_tensor * src1) {
-    const ggml_tensor * q = ggml_is_turboq(src0->type) ? src0 : src1;
-    const ggml_tensor * f = ggml_is_turboq(src0->type) ? src1 : src0;
-    if (!ggml_is_turboq(q->type) || ggml_is_turboq(f->type)) {
+    const ggml_tensor * q = ggml_turboq_group(src0->type) ? src0 : src1;
+    const ggml_tensor * f = ggml_turboq_group(src0->type) ? src1 : src0;
+    if (!ggml_cuda_turboq_type(q->type) || ggml_turboq_group(f->type)) {
         return false;
     }
-    return (f->type == GGML_TYPE_F32 || f->type == GGML_TYPE_F16) && q->ne[0] % TURBOQ_GROUP == 0 &&
+    return (f->type == GGML_TYPE_F32 || f->type == GGML_TYPE_F16) && q->ne[0] % ggml_turboq_group(q->type) == 0 &&
         q->nb[0] == ggml_type_size(q->type) && ggml_nelements(src0) == ggml_nelements(src1);
 }
 
 void ggml_cuda_turboq_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1) {
     GGML_ASSERT(ggml_cuda_turboq_cpy_supported(src0, src1));
-    const ggml_type type = ggml_is_turboq(src0->type) ? src0->type : src1->type;
+    const ggml_type type = ggml_turboq_group(src0->type) ? src0->type : src1->type;
     TQ_TYPE_SWITCH(type, tq_cpy_type, src0, src1, ctx.stream());
 }
 
 template <ggml_type type, typename dst_t>
 static void tq_to_float_cont(const void * x, dst_t * y, const int64_t k, cudaStream_t stream) {
-    GGML_ASSERT(k % TURBOQ_GROUP == 0);
-    tq_dequantize_launch<type, dst_t>(x, y, k / TURBOQ_GROUP,
+    GGML_ASSERT(k % tq_traits<type>::G == 0);
+    tq_dequantize_launch<type, dst_t>(x, y, k / tq_traits<type>::G,
         tq_nd_contiguous(k, sizeof(typename tq_traits<type>::block)), tq_nd_contiguous(k, sizeof(dst_t)), stream);
 }
 
 // tq_nd_contiguous(k, block size) above: ne0 = k values, nb0 = the block size, so the block of
-// value i0 sits at (i0/128)*nb0, which is what the kernels compute.
+// value i0 sits at (i0/G)*nb0, which is what the kernels compute.
 
 void (*ggml_cuda_turboq_get_to_fp32(ggml_type type))(const void * x, float * y, int64_t k, cudaStream_t stream) {
     switch (type) {
@@ -345,6 +221,14 @@ void (*ggml_cuda_turboq_get_to_fp32(ggml_type type))(const void * x, float * y, 
         case GGML_TYPE_TURBOQ3_0: return tq_to_float_cont<GGML_TYPE_TURBOQ3_0, float>;
         case GGML_TYPE_TURBOQ4_0: return tq_to_float_cont<GGML_TYPE_TURBOQ4_0, float>;
         case GGML_TYPE_TURBOQ8_0: return tq_to_float_cont<GGML_TYPE_TURBOQ8_0, float>;
+        case GGML_TYPE_TURBOQ2_G64: return tq_to_float_cont<GGML_TYPE_TURBOQ2_G64, float>;
+        case GGML_TYPE_TURBOQ3_G64: return tq_to_float_cont<GGML_TYPE_TURBOQ3_G64, float>;
+        case GGML_TYPE_TURBOQ4_G64: return tq_to_float_cont<GGML_TYPE_TURBOQ4_G64, float>;
+        case GGML_TYPE_TURBOQ8_G64: return tq_to_float_cont<GGML_TYPE_TURBOQ8_G64, float>;
+        case GGML_TYPE_TURBOQ2_G32: return tq_to_float_cont<GGML_TYPE_TURBOQ2_G32, float>;
+        case GGML_TYPE_TURBOQ3_G32: return tq_to_float_cont<GGML_TYPE_TURBOQ3_G32, float>;
+        case GGML_TYPE_TURBOQ4_G32: return tq_to_float_cont<GGML_TYPE_TURBOQ4_G32, float>;
+        case GGML_TYPE_TURBOQ8_G32: return tq_to_float_cont<GGML_TYPE_TURBOQ8_G32, float>;
         default:                  return nullptr;
     }
 }
@@ -355,6 +239,14 @@ void (*ggml_cuda_turboq_get_to_fp16(ggml_type type))(const void * x, half * y, i
         case GGML_TYPE_TURBOQ3_0: return tq_to_float_cont<GGML_TYPE_TURBOQ3_0, half>;
         case GGML_TYPE_TURBOQ4_0: return tq_to_float_cont<GGML_TYPE_TURBOQ4_0, half>;
         case GGML_TYPE_TURBOQ8_0: return tq_to_float_cont<GGML_TYPE_TURBOQ8_0, half>;
+        case GGML_TYPE_TURBOQ2_G64: return tq_to_float_cont<GGML_TYPE_TURBOQ2_G64, half>;
+        case GGML_TYPE_TURBOQ3_G64: return tq_to_float_cont<GGML_TYPE_TURBOQ3_G64, half>;
+        case GGML_TYPE_TURBOQ4_G64: return tq_to_float_cont<GGML_TYPE_TURBOQ4_G64, half>;
+        case GGML_TYPE_TURBOQ8_G64: return tq_to_float_cont<GGML_TYPE_TURBOQ8_G64, half>;
+        case GGML_TYPE_TURBOQ2_G32: return tq_to_float_cont<GGML_TYPE_TURBOQ2_G32, half>;
+        case GGML_TYPE_TURBOQ3_G32: return tq_to_float_cont<GGML_TYPE_TURBOQ3_G32, half>;
+        case GGML_TYPE_TURBOQ4_G32: return tq_to_float_cont<GGML_TYPE_TURBOQ4_G32, half>;
+        case GGML_TYPE_TURBOQ8_G32: return tq_to_float_cont<GGML_TYPE_TURBOQ8_G32, half>;
         default:                  return nullptr;
     }
 }
@@ -364,12 +256,12 @@ void (*ggml_cuda_turboq_get_to_fp16(ggml_type type))(const void * x, half * y, i
 template <ggml_type type>
 static void tq_to_fp16_nc(const void * x, half * y, const int64_t ne00, const int64_t ne01, const int64_t ne02, const int64_t ne03,
         const int64_t s01, const int64_t s02, const int64_t s03, cudaStream_t stream) {
-    GGML_ASSERT(ne00 % TURBOQ_GROUP == 0);
+    GGML_ASSERT(ne00 % tq_traits<type>::G == 0);
     const int64_t bs = sizeof(typename tq_traits<type>::block);
     const tq_nd s = { ne00, ne01, ne02, bs, s01*bs, s02*bs, s03*bs };
     const int64_t h = sizeof(half);
     const tq_nd d = { ne00, ne01, ne02, h, h*ne00, h*ne00*ne01, h*ne00*ne01*ne02 };
-    tq_dequantize_launch<type, half>(x, y, ne00*ne01*ne02*ne03 / TURBOQ_GROUP, s, d, stream);
+    tq_dequantize_launch<type, half>(x, y, ne00*ne01*ne02*ne03 / tq_traits<type>::G, s, d, stream);
 }
 
 void (*ggml_cuda_turboq_get_to_fp16_nc(ggml_type type))(const void * x, half * y,
@@ -379,6 +271,14 @@ void (*ggml_cuda_turboq_get_to_fp16_nc(ggml_type type))(const void * x, half * y
         case GGML_TYPE_TURBOQ3_0: return tq_to_fp16_nc<GGML_TYPE_TURBOQ3_0>;
         case GGML_TYPE_TURBOQ4_0: return tq_to_fp16_nc<GGML_TYPE_TURBOQ4_0>;
         case GGML_TYPE_TURBOQ8_0: return tq_to_fp16_nc<GGML_TYPE_TURBOQ8_0>;
+        case GGML_TYPE_TURBOQ2_G64: return tq_to_fp16_nc<GGML_TYPE_TURBOQ2_G64>;
+        case GGML_TYPE_TURBOQ3_G64: return tq_to_fp16_nc<GGML_TYPE_TURBOQ3_G64>;
+        case GGML_TYPE_TURBOQ4_G64: return tq_to_fp16_nc<GGML_TYPE_TURBOQ4_G64>;
+        case GGML_TYPE_TURBOQ8_G64: return tq_to_fp16_nc<GGML_TYPE_TURBOQ8_G64>;
+        case GGML_TYPE_TURBOQ2_G32: return tq_to_fp16_nc<GGML_TYPE_TURBOQ2_G32>;
+        case GGML_TYPE_TURBOQ3_G32: return tq_to_fp16_nc<GGML_TYPE_TURBOQ3_G32>;
+        case GGML_TYPE_TURBOQ4_G32: return tq_to_fp16_nc<GGML_TYPE_TURBOQ4_G32>;
+        case GGML_TYPE_TURBOQ8_G32: return tq_to_fp16_nc<GGML_TYPE_TURBOQ8_G32>;
         default:                  return nullptr;
     }
 }

@@ -7,6 +7,10 @@
 
 // ---- host API (turboq.cu) ----
 
+// the turboq types this backend takes: the 128-value ones, and the _g64/_g32 twins where the
+// debug switch GGML_CUDA_TURBOQ_TWINS=1 is set (turboq.cu says why)
+bool ggml_cuda_turboq_type(ggml_type type);
+
 void ggml_cuda_turboq_set_rows(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 void ggml_cuda_turboq_get_rows(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 // src0 -> src1 where either side is turboq (the other one F32 or F16)
