@@ -203,6 +203,7 @@ GGML_CUDA_TURBOQ_FA=packed tbo fa-turboq-packed -o FLASH_ATTN_EXT -p "$TQF"
 for op in SET_ROWS GET_ROWS CPY FLASH_ATTN_EXT; do
     GGML_CUDA_TURBOQ_TWINS=1 tbo "twins-$op" -o "$op" -p 'turboq[2348]_g(64|32)'
 done
+GGML_CUDA_TURBOQ_TWINS=1 GGML_CUDA_TURBOQ_FA=packed tbo twins-fa-packed -o FLASH_ATTN_EXT -p 'turboq[2348]_g(64|32)'
 
 # -- llama-bench
 MODELS=()

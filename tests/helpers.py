@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pyturbo import data
+from pyturbo import codec, data
+from pyturbo.lab import reference
 from pyturbo.bench import local_server
 from pyturbo.bench.local_server import free_port, post_json  # noqa: F401 (for the test modules)
 
@@ -115,6 +116,18 @@ def special_groups(rng) -> dict[str, np.ndarray]:
     bad[2, 99] = -np.inf
     g["nan_inf"] = bad
     return g
+
+
+def decoded(x: np.ndarray, type_name: str) -> np.ndarray:
+    """The cache as ggml holds it: the reference codec for turboq, f16 rounding, else the C codec (q8_0)."""
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if type_name.startswith("turboq"):
+        out = reference.dequantize(reference.quantize(flat, type_name), type_name)
+    elif type_name == "f16":
+        out = flat.astype(np.float16)
+    else:
+        out = codec.dequantize(codec.quantize(flat, type_name), type_name)
+    return np.asarray(out, dtype=np.float32).reshape(x.shape)
 
 
 def causal_mask(n_q: int, n_kv: int, hidden_prefix: int, hidden_row: int | None) -> np.ndarray:

@@ -1,12 +1,14 @@
-"""The CUDA backend's turboq codec kernels, run on the CPU under emulation, against the NumPy reference.
+"""The CUDA backend's turboq kernels, run on the CPU under emulation, against the NumPy reference.
 
 tests/harness/turboq_cuda_emulation.cpp compiles ggml-cuda/turboq-device.cuh (the SET_ROWS,
-GET_ROWS and CPY kernels and the warp-level codec they share) for the host, with each warp run as
-32 threads whose shuffles pass through a barrier. It needs no GPU and no nvcc, so this is where the
-CUDA codec of every type, the _g64 and _g32 twins included, is checked bit for bit where CI runs.
-What it cannot show: the GPU's flush-to-zero of subnormals (-use_fast_math), timing and races
-beyond the barriers, flash attention, and the host launches in turboq.cu (bench/cuda_check.sh runs
-those on a GPU).
+GET_ROWS and CPY kernels and the warp-level codec they share) and fattn-turboq.cuh (the packed-block
+flash-attention kernel, its combine kernel and its launch plan) for the host, with each warp run as
+32 threads whose shuffles pass through a barrier. It needs no GPU and no nvcc, so this is where CI
+checks the CUDA codec of every type (the _g64 and _g32 twins included) bit for bit, and the
+flash-attention kernel within the CPU tests' tolerance. What it cannot show: the GPU's
+flush-to-zero of subnormals (-use_fast_math), timing and races beyond the barriers, the mainline
+kernels that larger batches and the twins take, and the CUDA launches themselves
+(bench/cuda_check.sh runs those on a GPU).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from pyturbo import _paths
 from pyturbo.lab import reference
 from pyturbo.types import TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
 
-from helpers import special_groups  # tests/ is on sys.path (pytest prepend mode)
+from helpers import causal_mask, decoded, special_groups  # tests/ is on sys.path (pytest prepend mode)
 
 HARNESS = Path(__file__).resolve().parent / "harness" / "turboq_cuda_emulation.cpp"
 
@@ -103,3 +105,71 @@ def test_harness_refuses_bad_input(emulated_cuda, tmp_path):
         r = subprocess.run([str(emulated_cuda), *args, str(tmp_path / "in.f32"), str(tmp_path / "out.bin")],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and r.stderr, (args, r.returncode, r.stderr)
+
+
+# (type_k, type_v, d, n_head, n_head_kv, n_q, n_kv, softcap, max_bias, sinks, resident): the K/V
+# pairs and head sizes of the harness's TQ_EMU_FA_CASES. `resident` stands for the GPU's resident
+# blocks, which set how many KV slices the combine kernel merges.
+FA_CASES = [
+    ("turboq3", "turboq3", 128, 4, 1, 1, 300, 0.0, 0.0, False, 64),   # decode, GQA 4: 4 heads a block, 8 slices
+    ("turboq4", "turboq2", 256, 4, 2, 3, 200, 0.0, 0.0, False, 4),    # 8 columns (3 queries x 2 heads), 2 slices
+    ("q8_0", "turboq4", 128, 8, 2, 5, 130, 5.0, 0.0, False, 1),       # soft cap, one slice
+    ("f16", "turboq3", 256, 4, 1, 1, 300, 0.0, 0.0, True, 16),        # attention sinks
+    ("turboq8", "turboq8", 128, 2, 2, 8, 64, 0.0, 8.0, False, 8),     # ALiBi, no GQA
+    ("turboq2", "f16", 128, 4, 4, 2, 40, 0.0, 0.0, False, 64),        # a partial last chunk
+    ("turboq3", "q8_0", 128, 4, 2, 1, 33, 0.0, 0.0, True, 64),
+    # the _g64 twins at head size 64, the _g32 twins at 96
+    ("turboq3_g64", "turboq3_g64", 64, 9, 3, 1, 300, 0.0, 0.0, False, 64),
+    ("turboq4_g64", "f16", 64, 4, 1, 5, 130, 5.0, 0.0, False, 4),
+    ("q8_0", "turboq2_g64", 64, 8, 2, 2, 100, 0.0, 0.0, True, 16),
+    ("turboq3_g32", "turboq3_g32", 96, 8, 2, 1, 300, 0.0, 0.0, False, 64),
+    ("f16", "turboq8_g32", 96, 4, 2, 3, 200, 0.0, 8.0, False, 8),
+    ("turboq4_g32", "q8_0", 96, 4, 1, 8, 64, 0.0, 0.0, True, 1),
+]
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """ggml's ALiBi slope per head (1 without a bias)."""
+    if max_bias <= 0:
+        return np.ones(n_head)
+    n_log2 = 2 ** int(np.floor(np.log2(n_head)))
+    m0, m1 = 2.0 ** (-max_bias / n_log2), 2.0 ** (-(max_bias / 2) / n_log2)
+    return np.array([m0 ** (h + 1) if h < n_log2 else m1 ** (2 * (h - n_log2) + 1) for h in range(n_head)])
+
+
+@pytest.mark.parametrize("case", FA_CASES, ids=[f"{c[0]}-{c[1]}-d{c[2]}-q{c[5]}-kv{c[6]}" for c in FA_CASES])
+def test_cuda_flash_attention_matches_reference(emulated_cuda, case, tmp_path):
+    type_k, type_v, d, n_head, n_head_kv, n_q, n_kv, softcap, max_bias, with_sinks, resident = case
+    rng = np.random.default_rng(n_q * 31 + d + n_kv)
+    q = rng.standard_normal((n_head, n_q, d)).astype(np.float32) * (4.0 if softcap else 1.0)
+    k = (rng.standard_normal((n_head_kv, n_kv, d)) * 0.5).astype(np.float32)
+    v = rng.standard_normal((n_head_kv, n_kv, d)).astype(np.float32)
+    mask = causal_mask(n_q, n_kv, hidden_prefix=min(16, n_kv // 2), hidden_row=1 if n_q > 2 else None)
+    if max_bias:
+        mask = np.where(np.isfinite(mask), -np.abs(np.arange(n_kv) - (n_kv - n_q) - np.arange(n_q)[:, None]), mask)
+    mask = mask.astype(np.float16)
+    sinks = rng.standard_normal(n_head).astype(np.float32) * 2 if with_sinks else None
+    for arr, f in ((q, "q.f32"), (k, "k.f32"), (v, "v.f32"), (mask, "mask.f16"), (sinks, "sinks.f32")):
+        if arr is not None:
+            arr.tofile(tmp_path / f)
+    r = subprocess.run([str(emulated_cuda), "fa", str(cache_type(type_k).ggml_id), str(cache_type(type_v).ggml_id),
+                        *map(str, (d, n_head, n_head_kv, n_q, n_kv, softcap, max_bias, resident)),
+                        *(str(tmp_path / f) for f in ("q.f32", "k.f32", "v.f32", "mask.f16")),
+                        str(tmp_path / "sinks.f32") if with_sinks else "-", str(tmp_path / "out.f32")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"exited {r.returncode}: {r.stderr[-2000:]}"
+    out = np.fromfile(tmp_path / "out.f32", dtype=np.float32).reshape(n_q, n_head, d).transpose(1, 0, 2)
+
+    # the reference: ALiBi as a per-head mask, a sink as one more key whose logit is the sink and whose value is 0
+    m = alibi_slopes(n_head, max_bias)[:, None, None] * mask.astype(np.float64)[None]
+    kd, vd = decoded(k, type_k), decoded(v, type_v)
+    if with_sinks:
+        m = np.concatenate([m, np.broadcast_to(sinks[:, None, None], (n_head, n_q, 1))], axis=2)
+        kd = np.concatenate([kd, np.zeros((n_head_kv, 1, d), np.float32)], axis=1)
+        vd = np.concatenate([vd, np.zeros((n_head_kv, 1, d), np.float32)], axis=1)
+    want = reference.attention(q, kd, vd, 1.0 / np.sqrt(d), m, softcap)
+    bound = 1e-4 * max(1.0, float(np.abs(want).max()))  # test_portable_kernels' tolerance
+    err = float(np.abs(out - want).max())
+    assert err < bound, f"max abs err {err:.3g} > {bound:.3g} ({r.stderr.strip()})"
+    if n_q > 2 and not with_sinks:
+        assert not out[:, 1].any(), "a fully masked query row must come out as zeros"

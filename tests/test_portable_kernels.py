@@ -24,12 +24,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyturbo import codec
 from pyturbo.lab import reference
 from pyturbo._paths import build_dirs
 from pyturbo.types import TURBOQ_TWIN_TYPES, cache_type
 
-from helpers import causal_mask  # tests/ is on sys.path (pytest prepend mode)
+from helpers import causal_mask, decoded  # tests/ is on sys.path (pytest prepend mode)
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = os.environ.get("CI") == "true" or os.environ.get("PYTURBO_REQUIRE_PORTABLE") == "1"
@@ -110,18 +109,6 @@ def test_codec_bit_exact_with_reference(harness, type_name, tmp_path):
     inf_group = slice(200 // g * g, 200 // g * g + g)
     assert not rows[2, :g].any() and not rows[3, inf_group].any(), "a group with a NaN or Inf must decode to zeros"
     assert rows[2, g:].any() and rows[3, :inf_group.start].any(), "only that group"
-
-
-def decoded(x: np.ndarray, type_name: str) -> np.ndarray:
-    """The cache as ggml holds it: the reference codec for turboq, f16 rounding, else the x86 build."""
-    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-    if type_name in TURBOQ:
-        out = reference.dequantize(reference.quantize(flat, type_name), type_name)
-    elif type_name == "f16":
-        out = flat.astype(np.float16)
-    else:
-        out = codec.dequantize(codec.quantize(flat, type_name), type_name)
-    return np.asarray(out, dtype=np.float32).reshape(x.shape)
 
 
 # (type_k, type_v, d, n_head, n_head_kv, n_q, n_kv, threads, path, softcap)

@@ -17,7 +17,9 @@
 //   3. GET_ROWS to f16;
 //   4. the blocks of a CPY f32 -> turboq from a source with padded rows (quantize_nd);
 //   5. CPY turboq -> f16 into a destination with padded rows (dequantize_nd), padding dropped.
+#include <algorithm>
 #include <barrier>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +41,7 @@
 #define __global__
 #define __forceinline__ inline
 #define __shared__ static
+#define __launch_bounds__(...)
 #define TURBOQ_TABLE static const
 #define WARP_SIZE 32
 
@@ -47,6 +50,7 @@ struct half {
     operator uint16_t() const { return bits; }
 };
 static inline float __half2float(half h) { return ggml_fp16_to_fp32(h.bits); }
+static inline float __half2float(uint16_t h) { return ggml_fp16_to_fp32(h); } // ggml_half is uint16_t here
 static inline half __float2half_rn(float f) { return half{ ggml_fp32_to_fp16(f) }; }
 
 template <typename dst_t, typename src_t> inline dst_t ggml_cuda_cast(src_t x);
@@ -60,6 +64,13 @@ static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 using std::isfinite;
+using std::max;
+using std::min;
+
+struct float2 {
+    float x, y;
+};
+static inline float2 make_float2(float x, float y) { return { x, y }; }
 
 struct dim3 {
     unsigned x, y, z;
@@ -124,14 +135,34 @@ static float warp_reduce_max(float x) {
     return x;
 }
 
+static inline void __syncwarp() { emu_cur_warp->bar.arrive_and_wait(); }
+
+template <int width = WARP_SIZE>
+static float warp_reduce_sum(float x) {
+    for (int offset = width/2; offset > 0; offset >>= 1) {
+        x += __shfl_xor_sync(0xffffffff, x, offset, width);
+    }
+    return x;
+}
+
+static float get_alibi_slope(const float max_bias, const uint32_t h, const uint32_t n_head_log2, const float m0, const float m1) {
+    if (max_bias <= 0.0f) {
+        return 1.0f;
+    }
+    const float base = h < n_head_log2 ? m0 : m1;
+    const int   exph = h < n_head_log2 ? h + 1 : 2*(h - n_head_log2) + 1;
+    return powf(base, exph);
+}
+
 #define TURBOQ_CUDA_EMULATION 1
 #include "ggml-cuda/turboq-device.cuh"
+#include "ggml-cuda/fattn-turboq.cuh"
 
 // runs kernel() as grid x block threads, one block at a time
 static void emu_launch(dim3 grid, dim3 block, const std::function<void()> & kernel) {
     const int n = (int) (block.x*block.y*block.z);
-    if (block.x != 32 || n % 32 != 0) {
-        fprintf(stderr, "emulation: blockDim.x must be 32\n");
+    if (n % 32 != 0) {
+        fprintf(stderr, "emulation: a block must be whole warps\n");
         exit(2);
     }
     for (unsigned bz = 0; bz < grid.z; ++bz) {
@@ -251,9 +282,159 @@ static void codec(const int64_t ne0, const int64_t nrows, const std::vector<floa
     }
 }
 
+// ---- flash attention, as ggml_cuda_turboq_fa_case plans and launches it ----
+
+struct fa_args {
+    int d, n_head, n_head_kv, n_q, n_kv;
+    float softcap, max_bias;
+    int64_t resident;                          // blocks the "GPU" holds at once: sets the KV split
+    std::vector<float> q, k, v, sinks;         // q [n_head][n_q][d], k/v [n_head_kv][n_kv][d], sinks [n_head] or empty
+    std::vector<uint16_t> mask;                // [n_q][n_kv] f16, or empty
+};
+
+static std::vector<char> fa_cache(ggml_type type, const std::vector<float> & x, int d) {
+    std::vector<char> out(ggml_row_size(type, d) * (x.size() / d));
+    if (type == GGML_TYPE_F16) {
+        ggml_fp32_to_fp16_row(x.data(), (ggml_fp16_t *) out.data(), (int64_t) x.size());
+    } else {
+        ggml_get_type_traits(type)->from_float_ref(x.data(), out.data(), (int64_t) x.size());
+    }
+    return out;
+}
+
+template <int D, int ncols, ggml_type TK, ggml_type TV>
+static void fa_run(const fa_args & a, tq_fa_params p, std::vector<float> & dst) {
+    const tq_fa_grid g = tq_fa_plan(p, ncols, a.n_kv, a.resident);
+    p.nsplit       = g.nsplit;
+    p.kv_per_split = g.kv_per_split;
+    const int64_t n_rows = (int64_t) p.ne01*p.ne02*p.ne03;
+    std::vector<float>  vkq(g.nsplit*n_rows*D, NAN);
+    std::vector<float2> meta(g.nsplit*n_rows, float2{ NAN, NAN });
+    p.VKQ  = vkq.data();
+    p.meta = meta.data();
+    emu_launch(dim3(g.gx, g.gy, g.gz), dim3(WARP_SIZE, TQ_FA_NWARPS, 1), [&] { tq_flash_attn_ext<D, ncols, TK, TV>(p); });
+    emu_launch(dim3((unsigned) n_rows), dim3(D), [&] {
+        tq_flash_attn_ext_combine<D, tq_group(TV)>(vkq.data(), meta.data(), a.sinks.empty() ? nullptr : a.sinks.data(),
+                                                       dst.data(), n_rows, g.nsplit, a.n_head);
+    });
+    fprintf(stderr, "fa: ncols %d (%d heads), grid %d x %d x %d, %d KV slices of %d\n", ncols, p.ncols2, g.gx, g.gy, g.gz,
+            g.nsplit, g.kv_per_split);
+}
+
+template <int D, ggml_type TK, ggml_type TV>
+static std::vector<float> fa(const fa_args & a) {
+    const std::vector<char> k = fa_cache(TK, a.k, D);
+    const std::vector<char> v = fa_cache(TV, a.v, D);
+    const int64_t rk = ggml_row_size(TK, D);
+    const int64_t rv = ggml_row_size(TV, D);
+
+    tq_fa_params p = {};
+    p.Q    = (const char *) a.q.data();
+    p.K    = k.data();
+    p.V    = v.data();
+    p.mask = a.mask.empty() ? nullptr : (const char *) a.mask.data();
+    tq_fa_set_scales(p, 1.0f/sqrtf((float) D), a.max_bias, a.softcap, (uint32_t) a.n_head);
+    p.ne01 = a.n_q; p.ne02 = a.n_head; p.ne03 = 1;
+    p.nb01 = D*4; p.nb02 = p.nb01*a.n_q; p.nb03 = p.nb02*a.n_head;
+    p.ne11 = a.n_kv; p.ne12 = a.n_head_kv; p.ne13 = 1;
+    p.nb11 = rk; p.nb12 = rk*a.n_kv; p.nb13 = p.nb12*a.n_head_kv;
+    p.ne22 = a.n_head_kv; p.ne23 = 1;
+    p.nb21 = rv; p.nb22 = rv*a.n_kv; p.nb23 = p.nb22*a.n_head_kv;
+    p.ne32 = 1; p.ne33 = 1;
+    p.nb31 = (int64_t) a.n_kv*2; p.nb32 = p.nb31*a.n_q; p.nb33 = p.nb32;
+
+    std::vector<float> dst((size_t) a.n_q*a.n_head*D, NAN);
+    switch (tq_fa_ncols(a.n_q, a.n_head / a.n_head_kv, &p.ncols2)) {
+        case 2:  fa_run<D, 2, TK, TV>(a, p, dst); break;
+        case 4:  fa_run<D, 4, TK, TV>(a, p, dst); break;
+        default: fa_run<D, 8, TK, TV>(a, p, dst); break;
+    }
+    return dst;
+}
+
+// the K/V pairs and head sizes that tests/test_cuda_emulation.py runs (each is three kernel instances)
+#define TQ_EMU_FA_CASES(X)                                      \
+    X(128, GGML_TYPE_TURBOQ3_0, GGML_TYPE_TURBOQ3_0)            \
+    X(256, GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0)            \
+    X(128, GGML_TYPE_Q8_0,      GGML_TYPE_TURBOQ4_0)            \
+    X(256, GGML_TYPE_F16,       GGML_TYPE_TURBOQ3_0)            \
+    X(128, GGML_TYPE_TURBOQ8_0, GGML_TYPE_TURBOQ8_0)            \
+    X(128, GGML_TYPE_TURBOQ2_0, GGML_TYPE_F16)                  \
+    X(128, GGML_TYPE_TURBOQ3_0, GGML_TYPE_Q8_0)                 \
+    X( 64, GGML_TYPE_TURBOQ3_G64, GGML_TYPE_TURBOQ3_G64)        \
+    X( 64, GGML_TYPE_TURBOQ4_G64, GGML_TYPE_F16)                \
+    X( 64, GGML_TYPE_Q8_0,        GGML_TYPE_TURBOQ2_G64)        \
+    X( 96, GGML_TYPE_TURBOQ3_G32, GGML_TYPE_TURBOQ3_G32)        \
+    X( 96, GGML_TYPE_F16,         GGML_TYPE_TURBOQ8_G32)        \
+    X( 96, GGML_TYPE_TURBOQ4_G32, GGML_TYPE_Q8_0)
+
+static bool read_file(const char * path, void * dst, size_t n) {
+    FILE * f = fopen(path, "rb");
+    const bool ok = f && fread(dst, 1, n, f) == n;
+    if (f) {
+        fclose(f);
+    }
+    if (!ok) {
+        fprintf(stderr, "cannot read %zu bytes from %s\n", n, path);
+    }
+    return ok;
+}
+
+// fa TYPE_K TYPE_V D N_HEAD N_HEAD_KV N_Q N_KV SOFTCAP MAX_BIAS RESIDENT q.f32 k.f32 v.f32 mask.f16|- sinks.f32|- out.f32
+static int fa_main(int argc, char ** argv) {
+    if (argc != 18) {
+        fprintf(stderr, "usage: %s fa TYPE_K TYPE_V D N_HEAD N_HEAD_KV N_Q N_KV SOFTCAP MAX_BIAS RESIDENT "
+                        "q.f32 k.f32 v.f32 mask.f16|- sinks.f32|- out.f32\n", argv[0]);
+        return 2;
+    }
+    const ggml_type tk = (ggml_type) atoi(argv[2]);
+    const ggml_type tv = (ggml_type) atoi(argv[3]);
+    fa_args a;
+    a.d = atoi(argv[4]); a.n_head = atoi(argv[5]); a.n_head_kv = atoi(argv[6]); a.n_q = atoi(argv[7]); a.n_kv = atoi(argv[8]);
+    a.softcap = (float) atof(argv[9]); a.max_bias = (float) atof(argv[10]); a.resident = atoll(argv[11]);
+    if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_q <= 0 || a.n_kv <= 0 || a.resident <= 0) {
+        fprintf(stderr, "bad shapes\n");
+        return 2;
+    }
+    a.q.resize((size_t) a.n_head*a.n_q*a.d);
+    a.k.resize((size_t) a.n_head_kv*a.n_kv*a.d);
+    a.v.resize(a.k.size());
+    bool ok = read_file(argv[12], a.q.data(), a.q.size()*4) && read_file(argv[13], a.k.data(), a.k.size()*4) &&
+              read_file(argv[14], a.v.data(), a.v.size()*4);
+    if (ok && strcmp(argv[15], "-") != 0) {
+        a.mask.resize((size_t) a.n_q*a.n_kv);
+        ok = read_file(argv[15], a.mask.data(), a.mask.size()*2);
+    }
+    if (ok && strcmp(argv[16], "-") != 0) {
+        a.sinks.resize(a.n_head);
+        ok = read_file(argv[16], a.sinks.data(), a.sinks.size()*4);
+    }
+    if (!ok) {
+        return 2;
+    }
+    std::vector<float> out;
+#define TQ_EMU_FA_DISPATCH(D_, TK_, TV_) \
+    if (out.empty() && a.d == (D_) && tk == (TK_) && tv == (TV_)) { out = fa<D_, TK_, TV_>(a); }
+    TQ_EMU_FA_CASES(TQ_EMU_FA_DISPATCH)
+#undef TQ_EMU_FA_DISPATCH
+    if (out.empty()) {
+        fprintf(stderr, "no emulated instance for D=%d K=%s V=%s (TQ_EMU_FA_CASES)\n", a.d, ggml_type_name(tk), ggml_type_name(tv));
+        return 2;
+    }
+    FILE * f = fopen(argv[17], "wb");
+    if (!f || fwrite(out.data(), 4, out.size(), f) != out.size()) {
+        fprintf(stderr, "cannot write %s\n", argv[17]);
+        return 1;
+    }
+    return fclose(f) == 0 ? 0 : 1;
+}
+
 #define TQ_EMU_CASE(T) case T: codec<T>(ne0, nrows, x, out); break;
 
 int main(int argc, char ** argv) {
+    if (argc >= 2 && strcmp(argv[1], "fa") == 0) {
+        return fa_main(argc, argv);
+    }
     if (argc != 7 || strcmp(argv[1], "codec") != 0) {
         fprintf(stderr, "usage: %s codec TYPE_ID NE0 NROWS in.f32 out.bin\n", argv[0]);
         return 2;

@@ -474,8 +474,13 @@ void exact_row(const ggml_tensor * t, int64_t r, int64_t h, int64_t i3, ggml_typ
     if (t->type == GGML_TYPE_F16) {
         ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) x, y, n);
     } else {
-        for (int64_t d = 0; d < n; ++d) {
-            y[d] = GGML_CPU_FP16_TO_FP32(GGML_CPU_FP32_TO_FP16(((const float *) x)[d]));
+        // the row converters (F16C where the CPU has it): a decode step reads every window row of
+        // every layer this way, and the scalar round trip was a few percent of it
+        ggml_fp16_t h[256];
+        for (int64_t d0 = 0; d0 < n; d0 += 256) {
+            const int64_t m = std::min<int64_t>(256, n - d0);
+            ggml_cpu_fp32_to_fp16((const float *) x + d0, h, m);
+            ggml_cpu_fp16_to_fp32(h, y + d0, m);
         }
     }
     if (ggml_turboq_group(cache_type)) {

@@ -1,11 +1,12 @@
 // Flash attention with TurboQuant K and/or V caches (pyturbo), in the rotated domain like the
 // CPU backend (ggml-cpu/ops.cpp + turboq-cpu.c):
-//   - turboq K: Q is rotated once per block (q' = D2.H.D1.q/sqrt(128) per 128-group), then
-//     q.k = norm_k * (q'.c_k) against the raw levels c_k;
+//   - turboq K: Q is rotated once per block (q' = D2.H.D1.q/sqrt(G) per group of G = 128 values,
+//     64 or 32 for the _g64 and _g32 twins), then q.k = norm_k * (q'.c_k) against the raw levels c_k;
 //   - turboq V: sum_t p_t * norm_t * c_t is accumulated in the rotated domain and rotated back
 //     once per output row, in the combine kernel.
-// K and V are each one of f16, q8_0, turboq2/3/4/8 (at least one of them turboq), head size
-// D = 128 or 256 for both.
+// K and V are each one of f16, q8_0 or a turboq type (at least one of them turboq), at one head
+// size D for both: 128 or 256 with turboq2/3/4/8, 64 with the _g64 twins, 96 with the _g32 twins
+// (pyturbo/lab/cuda_instances.py lists the instances).
 //
 // This kernel serves decode and batches of up to TQ_FA_PACKED_MAX_BATCH queries (larger ones
 // convert K/V to f16 for the mainline tensor-core kernels, see turboq.cuh). A block of 4 warps
@@ -15,9 +16,15 @@
 // resident-block slots; the combine kernel merges the slices (online softmax), adds the sinks,
 // divides by the sum, rotates V back and writes dst. Temporary memory: nsplit * n_rows * (D + 2)
 // floats, n_rows = the number of output rows (n_q * n_head * n_seq).
+//
+// The kernels and the launch plan (tq_fa_ncols, tq_fa_plan) are device code and plain C++, which
+// tests/harness/turboq_cuda_emulation.cpp also compiles for the host (TURBOQ_CUDA_EMULATION); the
+// launches themselves are not.
 #pragma once
 
+#ifndef TURBOQ_CUDA_EMULATION
 #include "common.cuh"
+#endif
 #include "turboq-device.cuh"
 
 #define TQ_FA_NWARPS 4
@@ -70,15 +77,16 @@ static __device__ __forceinline__ void tq_fa_load_row(const char * __restrict__ 
             v[k] = __half2float(b[k].d) * (float) b[k].qs[lane];
         }
     } else {
-        static_assert(tq_is_turboq(type), "unsupported K/V type");
+        static_assert(tq_group(type) != 0, "unsupported K/V type");
         typedef typename tq_traits<type>::block block_t;
+        constexpr int NV = tq_nv<type>();
 #pragma unroll
-        for (int g = 0; g < D/TURBOQ_GROUP; ++g) {
-            float c[4];
+        for (int g = 0; g < D/tq_traits<type>::G; ++g) {
+            float c[NV];
             const float norm = tq_decode_rotated<type>(row + g*sizeof(block_t), lane, lut, c);
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                v[4*g + k] = norm * c[k];
+            for (int k = 0; k < NV; ++k) {
+                v[NV*g + k] = norm * c[k];
             }
         }
     }
@@ -86,7 +94,7 @@ static __device__ __forceinline__ void tq_fa_load_row(const char * __restrict__ 
 
 template <ggml_type type>
 static constexpr __host__ __device__ int tq_fa_lut_size() {
-    if constexpr (tq_is_turboq(type)) {
+    if constexpr (tq_group(type) != 0) {
         return tq_traits<type>::n_levels;
     } else {
         return 1;
@@ -95,7 +103,7 @@ static constexpr __host__ __device__ int tq_fa_lut_size() {
 
 template <ggml_type type>
 static __device__ __forceinline__ void tq_fa_fill_lut(float * lut, const int tid) {
-    if constexpr (tq_is_turboq(type)) {
+    if constexpr (tq_group(type) != 0) {
         for (int i = tid; i < tq_traits<type>::n_levels; i += TQ_FA_NWARPS*WARP_SIZE) {
             lut[i] = tq_centroids<type>()[i];
         }
@@ -111,7 +119,10 @@ static __global__ void tq_flash_attn_ext(const tq_fa_params p) {
     constexpr int nw = TQ_FA_NWARPS;
     constexpr int C  = TQ_FA_CHUNK;
     constexpr int nk = D/32;
-    static_assert(D % TURBOQ_GROUP == 0, "D must be a multiple of 128");
+    constexpr int GK = tq_group(type_K);
+    constexpr int GV = tq_group(type_V);
+    static_assert(D % 32 == 0 && D % (GK ? GK : 32) == 0 && D % (GV ? GV : 32) == 0,
+                  "D must be a multiple of 32 and of the K and V groups");
 
     const int lane = threadIdx.x;
     const int warp = threadIdx.y;
@@ -157,24 +168,25 @@ static __global__ void tq_flash_attn_ext(const tq_fa_params p) {
     __syncthreads();
 
     float q[ncols][nk];
-    if constexpr (tq_is_turboq(type_K)) {
+    if constexpr (GK != 0) {
         // one warp per (column, group)
-        for (int jg = warp; jg < ncols*(D/TURBOQ_GROUP); jg += nw) {
-            const int j = jg / (D/TURBOQ_GROUP);
-            const int g = jg - j*(D/TURBOQ_GROUP);
-            float x[4];
+        constexpr int NV = GK/32;
+        for (int jg = warp; jg < ncols*(D/GK); jg += nw) {
+            const int j = jg / (D/GK);
+            const int g = jg - j*(D/GK);
+            float x[NV];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                x[k] = sQ[j][g*TURBOQ_GROUP + 32*k + lane];
+            for (int k = 0; k < NV; ++k) {
+                x[k] = sQ[j][g*GK + 32*k + lane];
             }
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
+            for (int k = 0; k < NV; ++k) {
                 x[k] *= turboq_sign1[32*k + lane];
             }
-            tq_fwht128(x, lane);
+            tq_fwht<NV>(x, lane);
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                sQ[j][g*TURBOQ_GROUP + 32*k + lane] = x[k] * TURBOQ_INV_SQRT_GROUP * turboq_sign2[32*k + lane];
+            for (int k = 0; k < NV; ++k) {
+                sQ[j][g*GK + 32*k + lane] = x[k] * tq_inv_sqrt_group(GK) * turboq_sign2[32*k + lane];
             }
         }
         __syncthreads();
@@ -345,9 +357,9 @@ static __global__ void tq_flash_attn_ext(const tq_fa_params p) {
     }
 }
 
-// Merge the KV slices, add the sinks, normalize, rotate turboq V back, write dst. One block of
-// D threads per output row.
-template <int D, bool V_turboq>
+// Merge the KV slices, add the sinks, normalize, rotate turboq V back (groups of GV values; 0:
+// V is not turboq), write dst. One block of D threads per output row.
+template <int D, int GV>
 __launch_bounds__(D, 1)
 static __global__ void tq_flash_attn_ext_combine(const float * __restrict__ VKQ, const float2 * __restrict__ meta,
         const float * __restrict__ sinks, float * __restrict__ dst, const int64_t n_rows, const int nsplit, const int n_head) {
@@ -375,13 +387,13 @@ static __global__ void tq_flash_attn_ext_combine(const float * __restrict__ VKQ,
     }
     float out = S == 0.0f ? 0.0f : acc/S;
 
-    if constexpr (V_turboq) {
+    if constexpr (GV != 0) {
         __shared__ float buf[D];
-        const int i = e % TURBOQ_GROUP;
+        const int i = e % GV;
         buf[e] = out * turboq_sign2[i];
         __syncthreads();
 #pragma unroll
-        for (int h = 1; h < TURBOQ_GROUP; h <<= 1) {
+        for (int h = 1; h < GV; h <<= 1) {
             float a = 0.0f;
             float b = 0.0f;
             const bool lo = (i & h) == 0;
@@ -396,36 +408,54 @@ static __global__ void tq_flash_attn_ext_combine(const float * __restrict__ VKQ,
             }
             __syncthreads();
         }
-        out = buf[e] * TURBOQ_INV_SQRT_GROUP * turboq_sign1[i];
+        out = buf[e] * tq_inv_sqrt_group(GV) * turboq_sign1[i];
     }
 
     dst[row*D + e] = out;
 }
 
-template <int D, int ncols, ggml_type type_K, ggml_type type_V>
-static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_fa_params & p) {
-    const ggml_tensor * Q     = dst->src[0];
-    const ggml_tensor * K     = dst->src[1];
-    const ggml_tensor * sinks = dst->src[4];
+// the node's scale, ALiBi bias and soft cap, as the kernel reads them
+static void tq_fa_set_scales(tq_fa_params & p, float scale, const float max_bias, const float logit_softcap, const uint32_t n_head) {
+    if (logit_softcap != 0.0f) {
+        scale /= logit_softcap;
+    }
+    const uint32_t n_head_log2 = 1u << (uint32_t) floorf(log2f((float) n_head));
+    p.scale         = scale;
+    p.max_bias      = max_bias;
+    p.m0            = powf(2.0f, -(max_bias       ) / n_head_log2);
+    p.m1            = powf(2.0f, -(max_bias / 2.0f) / n_head_log2);
+    p.n_head_log2   = n_head_log2;
+    p.logit_softcap = logit_softcap;
+}
 
+// heads of one GQA group share a block (K/V read once for all of them): the block's columns
+// (2, 4 or 8: the kernel's instances) and, in *ncols2, how many of them are heads
+static int tq_fa_ncols(const int64_t n_q, const int gqa, int * ncols2) {
+    int n2 = 1;
+    while (n2 < 8 && gqa % (2*n2) == 0) {
+        n2 *= 2;
+    }
+    const int64_t needed = n_q*n2;
+    const int ncols = needed <= 2 ? 2 : needed <= 4 ? 4 : 8;
+    *ncols2 = std::min(n2, ncols);
+    return ncols;
+}
+
+struct tq_fa_grid {
+    int gx, gy, gz;   // blocks: query tiles, head groups, sequences x KV slices
+    int nsplit;       // KV slices
+    int kv_per_split; // tokens per slice, a multiple of TQ_FA_CHUNK
+};
+
+// Split the KV sequence until the grid fills every SM with as many resident blocks as fit
+// (`resident` blocks in all): a warp walks its tokens one dependent load after another, so at
+// depth the kernel is bound by memory latency, and only more warps in flight hide it.
+static tq_fa_grid tq_fa_plan(const tq_fa_params & p, const int ncols, const int n_kv, const int64_t resident) {
     const int ncols1 = ncols / p.ncols2;
     const int gx = (p.ne01 + ncols1 - 1) / ncols1;
     const int gy = p.ne02 / p.ncols2;
     const int64_t blocks = (int64_t) gx*gy*p.ne03;
 
-    // Split the KV sequence until the grid fills every SM with as many resident blocks as fit:
-    // a warp walks its tokens one dependent load after another, so at depth the kernel is bound
-    // by memory latency, and only more warps in flight hide it.
-    const int device = ggml_cuda_get_device();
-    const int nsm    = ggml_cuda_info().devices[device].nsm;
-    static int blocks_per_sm[GGML_CUDA_MAX_DEVICES] = {0}; // per instance and device, asked once
-    if (blocks_per_sm[device] == 0) {
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm[device],
-            tq_flash_attn_ext<D, ncols, type_K, type_V>, TQ_FA_NWARPS*WARP_SIZE, 0));
-        blocks_per_sm[device] = std::max(2, blocks_per_sm[device]);
-    }
-    const int64_t resident = (int64_t) blocks_per_sm[device]*nsm;
-    const int n_kv = (int) K->ne[1];
     const int max_split = std::max(1, n_kv / TQ_FA_CHUNK);
     int nsplit = 1;
     if (blocks < resident) {
@@ -437,26 +467,46 @@ static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_
     kv_per_split = std::max(TQ_FA_CHUNK, (kv_per_split + TQ_FA_CHUNK - 1) / TQ_FA_CHUNK * TQ_FA_CHUNK);
     nsplit = (n_kv + kv_per_split - 1) / kv_per_split;
     nsplit = std::max(nsplit, 1);
-    p.nsplit       = nsplit;
-    p.kv_per_split = kv_per_split;
+    return { gx, gy, p.ne03*nsplit, nsplit, kv_per_split };
+}
+
+#ifndef TURBOQ_CUDA_EMULATION
+
+template <int D, int ncols, ggml_type type_K, ggml_type type_V>
+static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_fa_params & p) {
+    const ggml_tensor * Q     = dst->src[0];
+    const ggml_tensor * K     = dst->src[1];
+    const ggml_tensor * sinks = dst->src[4];
+
+    const int device = ggml_cuda_get_device();
+    const int nsm    = ggml_cuda_info().devices[device].nsm;
+    static int blocks_per_sm[GGML_CUDA_MAX_DEVICES] = {0}; // per instance and device, asked once
+    if (blocks_per_sm[device] == 0) {
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm[device],
+            tq_flash_attn_ext<D, ncols, type_K, type_V>, TQ_FA_NWARPS*WARP_SIZE, 0));
+        blocks_per_sm[device] = std::max(2, blocks_per_sm[device]);
+    }
+    const tq_fa_grid g = tq_fa_plan(p, ncols, (int) K->ne[1], (int64_t) blocks_per_sm[device]*nsm);
+    p.nsplit       = g.nsplit;
+    p.kv_per_split = g.kv_per_split;
 
     const int64_t n_rows = (int64_t) p.ne01*p.ne02*p.ne03;
-    ggml_cuda_pool_alloc<float>  VKQ (ctx.pool(), nsplit*n_rows*D);
-    ggml_cuda_pool_alloc<float2> meta(ctx.pool(), nsplit*n_rows);
+    ggml_cuda_pool_alloc<float>  VKQ (ctx.pool(), g.nsplit*n_rows*D);
+    ggml_cuda_pool_alloc<float2> meta(ctx.pool(), g.nsplit*n_rows);
     p.VKQ  = VKQ.ptr;
     p.meta = meta.ptr;
 
-    GGML_ASSERT(gy <= 65535 && (int64_t) p.ne03*nsplit <= 65535);
+    GGML_ASSERT(g.gy <= 65535 && g.gz <= 65535);
     GGML_ASSERT(n_rows <= INT_MAX);
 
     cudaStream_t stream = ctx.stream();
     const dim3 block_dims(WARP_SIZE, TQ_FA_NWARPS, 1);
-    const dim3 block_nums(gx, gy, p.ne03*nsplit);
+    const dim3 block_nums(g.gx, g.gy, g.gz);
     tq_flash_attn_ext<D, ncols, type_K, type_V><<<block_nums, block_dims, 0, stream>>>(p);
     CUDA_CHECK(cudaGetLastError());
 
-    tq_flash_attn_ext_combine<D, tq_is_turboq(type_V)><<<(unsigned int) n_rows, D, 0, stream>>>(
-        p.VKQ, p.meta, sinks ? (const float *) sinks->data : nullptr, (float *) dst->data, n_rows, nsplit, (int) Q->ne[2]);
+    tq_flash_attn_ext_combine<D, tq_group(type_V)><<<(unsigned int) n_rows, D, 0, stream>>>(
+        p.VKQ, p.meta, sinks ? (const float *) sinks->data : nullptr, (float *) dst->data, n_rows, g.nsplit, (int) Q->ne[2]);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -482,17 +532,7 @@ void ggml_cuda_turboq_fa_case(ggml_backend_cuda_context & ctx, ggml_tensor * dst
     memcpy(&scale,         (const float *) dst->op_params + 0, sizeof(float));
     memcpy(&max_bias,      (const float *) dst->op_params + 1, sizeof(float));
     memcpy(&logit_softcap, (const float *) dst->op_params + 2, sizeof(float));
-    if (logit_softcap != 0.0f) {
-        scale /= logit_softcap;
-    }
-    const uint32_t n_head      = Q->ne[2];
-    const uint32_t n_head_log2 = 1u << (uint32_t) floorf(log2f((float) n_head));
-    p.scale         = scale;
-    p.max_bias      = max_bias;
-    p.m0            = powf(2.0f, -(max_bias       ) / n_head_log2);
-    p.m1            = powf(2.0f, -(max_bias / 2.0f) / n_head_log2);
-    p.n_head_log2   = n_head_log2;
-    p.logit_softcap = logit_softcap;
+    tq_fa_set_scales(p, scale, max_bias, logit_softcap, (uint32_t) Q->ne[2]);
 
     p.ne01 = Q->ne[1]; p.ne02 = Q->ne[2]; p.ne03 = Q->ne[3];
     p.nb01 = Q->nb[1]; p.nb02 = Q->nb[2]; p.nb03 = Q->nb[3];
@@ -503,22 +543,10 @@ void ggml_cuda_turboq_fa_case(ggml_backend_cuda_context & ctx, ggml_tensor * dst
     p.ne32 = mask ? mask->ne[2] : 1; p.ne33 = mask ? mask->ne[3] : 1;
     p.nb31 = mask ? mask->nb[1] : 0; p.nb32 = mask ? mask->nb[2] : 0; p.nb33 = mask ? mask->nb[3] : 0;
 
-    // heads of one GQA group share a block (K/V read once for all of them)
-    const int gqa = Q->ne[2] / K->ne[2];
-    int ncols2 = 1;
-    while (ncols2 < 8 && gqa % (2*ncols2) == 0) {
-        ncols2 *= 2;
-    }
-    const int64_t ncols_needed = Q->ne[1]*ncols2;
-    if (ncols_needed <= 2) {
-        p.ncols2 = std::min(ncols2, 2);
-        tq_fa_launch<D, 2, type_K, type_V>(ctx, dst, p);
-    } else if (ncols_needed <= 4) {
-        p.ncols2 = std::min(ncols2, 4);
-        tq_fa_launch<D, 4, type_K, type_V>(ctx, dst, p);
-    } else {
-        p.ncols2 = ncols2;
-        tq_fa_launch<D, 8, type_K, type_V>(ctx, dst, p);
+    switch (tq_fa_ncols(Q->ne[1], (int) (Q->ne[2] / K->ne[2]), &p.ncols2)) {
+        case 2:  tq_fa_launch<D, 2, type_K, type_V>(ctx, dst, p); break;
+        case 4:  tq_fa_launch<D, 4, type_K, type_V>(ctx, dst, p); break;
+        default: tq_fa_launch<D, 8, type_K, type_V>(ctx, dst, p); break;
     }
 }
 
@@ -527,3 +555,5 @@ void ggml_cuda_turboq_fa_case(ggml_backend_cuda_context & ctx, ggml_tensor * dst
 
 #define EXTERN_DECL_TQ_FA_CASE(D, type_K, type_V) \
     extern DECL_TQ_FA_CASE(D, type_K, type_V)
+
+#endif // TURBOQ_CUDA_EMULATION

@@ -26,9 +26,16 @@ static_assert(QK_TURBOQ == TURBOQ_GROUP, "turboq block and rotation group must m
 
 // ---- device helpers ----
 
-// the 128-value types, which the packed flash-attention kernel (fattn-turboq.cuh) reads
+// the 128-value types
 static constexpr __host__ __device__ bool tq_is_turboq(const ggml_type type) {
     return type == GGML_TYPE_TURBOQ2_0 || type == GGML_TYPE_TURBOQ3_0 || type == GGML_TYPE_TURBOQ4_0 || type == GGML_TYPE_TURBOQ8_0;
+}
+
+// values per rotation group of a turboq type (128, 64 or 32), 0 for any other type
+static constexpr __host__ __device__ int tq_group(const ggml_type type) {
+    return tq_is_turboq(type) ? 128 :
+        type == GGML_TYPE_TURBOQ2_G64 || type == GGML_TYPE_TURBOQ3_G64 || type == GGML_TYPE_TURBOQ4_G64 || type == GGML_TYPE_TURBOQ8_G64 ? 64 :
+        type == GGML_TYPE_TURBOQ2_G32 || type == GGML_TYPE_TURBOQ3_G32 || type == GGML_TYPE_TURBOQ4_G32 || type == GGML_TYPE_TURBOQ8_G32 ? 32 : 0;
 }
 
 // block: the layout; G: values per group; bits: index width (8: turboq8's grid)
@@ -40,7 +47,8 @@ template <ggml_type type> struct tq_traits;
         static constexpr int bits     = BITS;                                                \
         static constexpr int n_levels = 1 << BITS;                                           \
     };                                                                                       \
-    static_assert(sizeof(BLOCK) == 2 + (BITS)*(G_)/8 + ((TYPE) == GGML_TYPE_TURBOQ4_0 ? 2 : 0), "unexpected " #BLOCK " size");
+    static_assert(sizeof(BLOCK) == 2 + (BITS)*(G_)/8 + ((TYPE) == GGML_TYPE_TURBOQ4_0 ? 2 : 0), "unexpected " #BLOCK " size"); \
+    static_assert(tq_group(TYPE) == (G_), "tq_group and tq_traits disagree");
 TQ_TRAITS(GGML_TYPE_TURBOQ2_0,   block_turboq2_0,   128, 2)
 TQ_TRAITS(GGML_TYPE_TURBOQ3_0,   block_turboq3_0,   128, 3)
 TQ_TRAITS(GGML_TYPE_TURBOQ4_0,   block_turboq4_0,   128, 4)
@@ -135,10 +143,6 @@ static __device__ __forceinline__ void tq_fwht(float (&x)[NV], const int lane) {
     }
 }
 
-static __device__ __forceinline__ void tq_fwht128(float (&x)[4], const int lane) {
-    tq_fwht<4>(x, lane);
-}
-
 // turboq_generic_tree_sum_n() of t: the fixed halving tree h = 16*NV..1, result broadcast to all lanes.
 template <int NV>
 static __device__ __forceinline__ float tq_tree_sum(float (&t)[NV]) {
@@ -200,7 +204,9 @@ static __device__ __forceinline__ void tq_unpack(const char * __restrict__ blk, 
     const block_t * b = (const block_t *) blk;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-        const int v = lane + 32*k;
+        // unsigned, so that % and / by the power-of-two strides are masks and shifts and the byte
+        // that several k share is one load (e.g. turboq3's qh byte lane % 16 at G = 128)
+        const unsigned v = (unsigned) lane + 32u*k;
         if constexpr (tq_traits<type>::bits == 2 || tq_traits<type>::bits == 3) {
             idx[k] = (b->qs[v % (G/4)] >> (2*(v / (G/4)))) & 3;
         }

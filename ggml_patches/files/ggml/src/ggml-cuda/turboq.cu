@@ -285,34 +285,20 @@ void (*ggml_cuda_turboq_get_to_fp16_nc(ggml_type type))(const void * x, half * y
 
 // ---- flash attention dispatch ----
 
-#define TQ_FA_FOR_V_TQ(X, D, type_K)       \
-    X(D, type_K, GGML_TYPE_TURBOQ2_0);     \
-    X(D, type_K, GGML_TYPE_TURBOQ3_0);     \
-    X(D, type_K, GGML_TYPE_TURBOQ4_0);     \
-    X(D, type_K, GGML_TYPE_TURBOQ8_0);
+// the instances: fattn-turboq-cases.inc, generated with them by pyturbo/lab/cuda_instances.py
+#define TQ_FA_CASE(D, type_K, type_V) EXTERN_DECL_TQ_FA_CASE(D, type_K, type_V);
+#include "fattn-turboq-cases.inc"
+#undef TQ_FA_CASE
 
-#define TQ_FA_FOR_V_ALL(X, D, type_K)      \
-    X(D, type_K, GGML_TYPE_F16);           \
-    X(D, type_K, GGML_TYPE_Q8_0);          \
-    TQ_FA_FOR_V_TQ(X, D, type_K)
-
-#define TQ_FA_FOR_ALL_D(X, D)                          \
-    TQ_FA_FOR_V_TQ (X, D, GGML_TYPE_F16)               \
-    TQ_FA_FOR_V_TQ (X, D, GGML_TYPE_Q8_0)              \
-    TQ_FA_FOR_V_ALL(X, D, GGML_TYPE_TURBOQ2_0)         \
-    TQ_FA_FOR_V_ALL(X, D, GGML_TYPE_TURBOQ3_0)         \
-    TQ_FA_FOR_V_ALL(X, D, GGML_TYPE_TURBOQ4_0)         \
-    TQ_FA_FOR_V_ALL(X, D, GGML_TYPE_TURBOQ8_0)
-
-TQ_FA_FOR_ALL_D(EXTERN_DECL_TQ_FA_CASE, 128)
-TQ_FA_FOR_ALL_D(EXTERN_DECL_TQ_FA_CASE, 256)
-
-static bool tq_fa_kv_type_ok(const ggml_type type) {
-    return type == GGML_TYPE_F16 || type == GGML_TYPE_Q8_0 || ggml_is_turboq(type);
+static bool tq_fa_has_case(const int64_t D, const ggml_type type_K, const ggml_type type_V) {
+#define TQ_FA_CASE(D_, type_K_, type_V_) if (D == (D_) && type_K == (type_K_) && type_V == (type_V_)) { return true; }
+#include "fattn-turboq-cases.inc"
+#undef TQ_FA_CASE
+    return false;
 }
 
 bool ggml_cuda_turboq_fa_applies(const ggml_tensor * dst) {
-    return ggml_is_turboq(dst->src[1]->type) || ggml_is_turboq(dst->src[2]->type);
+    return ggml_turboq_group(dst->src[1]->type) || ggml_turboq_group(dst->src[2]->type);
 }
 
 bool ggml_cuda_turboq_fa_supported(const ggml_tensor * dst) {
@@ -322,11 +308,16 @@ bool ggml_cuda_turboq_fa_supported(const ggml_tensor * dst) {
     const ggml_tensor * mask  = dst->src[3];
     const ggml_tensor * sinks = dst->src[4];
 
-    if (!ggml_cuda_turboq_fa_applies(dst) || !tq_fa_kv_type_ok(K->type) || !tq_fa_kv_type_ok(V->type)) {
+    if (!ggml_cuda_turboq_fa_applies(dst)) {
         return false;
     }
+    for (const ggml_tensor * t : { K, V }) {
+        if (ggml_turboq_group(t->type) && !ggml_cuda_turboq_type(t->type)) {
+            return false; // a twin without GGML_CUDA_TURBOQ_TWINS=1
+        }
+    }
     const int64_t D = Q->ne[0];
-    if ((D != 128 && D != 256) || K->ne[0] != D || V->ne[0] != D) {
+    if (!tq_fa_has_case(D, K->type, V->type) || K->ne[0] != D || V->ne[0] != D) {
         return false;
     }
     if (Q->type != GGML_TYPE_F32 || Q->nb[0] != sizeof(float) || dst->type != GGML_TYPE_F32 || !ggml_is_contiguous(dst)) {
@@ -390,16 +381,13 @@ void ggml_cuda_turboq_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tenso
     const ggml_type type_K = dst->src[1]->type;
     const ggml_type type_V = dst->src[2]->type;
 
-#define TQ_FA_DISPATCH(D_, type_K_, type_V_)                                   \
+#define TQ_FA_CASE(D_, type_K_, type_V_)                                       \
     if (D == (D_) && type_K == (type_K_) && type_V == (type_V_)) {             \
         ggml_cuda_turboq_fa_case<D_, type_K_, type_V_>(ctx, dst);              \
         return;                                                                \
     }
-
-    TQ_FA_FOR_ALL_D(TQ_FA_DISPATCH, 128)
-    TQ_FA_FOR_ALL_D(TQ_FA_DISPATCH, 256)
-
-#undef TQ_FA_DISPATCH
+#include "fattn-turboq-cases.inc"
+#undef TQ_FA_CASE
 
     GGML_ABORT("turboq flash attention: no kernel for D=%d K=%s V=%s", D, ggml_type_name(type_K), ggml_type_name(type_V));
 }

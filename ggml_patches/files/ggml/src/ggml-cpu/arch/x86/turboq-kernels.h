@@ -3,7 +3,9 @@
 // x86 kernels for the turboq CPU paths (AVX2 + FMA; AVX-512F for whole-row decoding), for the
 // 128-value types and their _g64 and _g32 twins, included by
 // ggml-cpu/turboq-cpu.c (through turboq-kernels.h), which has the generic versions and the contract
-// of each primitive. The quantizer takes the generic steps of ggml-turboq-encode.h.
+// of each primitive. The quantizer (and the rotations of flash attention: Q, the V sum, the exact
+// window's rows) takes the AVX2 encoder steps below for 128-value groups, the generic steps of
+// ggml-turboq-encode.h for the rest.
 
 #include <immintrin.h>
 
@@ -11,6 +13,107 @@
 #define TURBOQ_ARCH_DECODE_G32 1
 #define TURBOQ_ARCH_DOT    1
 #define TURBOQ_ARCH_MAD    1
+
+// ---- the encoder's steps (ggml-turboq-encode.h), 128 values ----
+// Each output is the generic step's single add, subtract, multiply, divide or max of the same
+// operands, so the bytes are the reference's (the tree sum keeps the generic halving order).
+
+static inline void turboq_avx2_fwht(float * x) {
+    __m256 r[TURBOQ_GROUP/8];
+    for (int i = 0; i < TURBOQ_GROUP/8; ++i) {
+        __m256 v = _mm256_loadu_ps(x + 8*i);
+        // h = 1, 2, 4 within the register: y holds each value's partner; the lower value of a
+        // pair takes a + b (v + y), the upper one a - b (y - v)
+        __m256 y = _mm256_permute_ps(v, 0xB1);
+        v = _mm256_blend_ps(_mm256_add_ps(v, y), _mm256_sub_ps(y, v), 0xAA);
+        y = _mm256_permute_ps(v, 0x4E);
+        v = _mm256_blend_ps(_mm256_add_ps(v, y), _mm256_sub_ps(y, v), 0xCC);
+        y = _mm256_permute2f128_ps(v, v, 0x01);
+        r[i] = _mm256_blend_ps(_mm256_add_ps(v, y), _mm256_sub_ps(y, v), 0xF0);
+    }
+    for (int h = 1; h < TURBOQ_GROUP/8; h <<= 1) { // h = 8..64 values: whole registers
+        for (int i = 0; i < TURBOQ_GROUP/8; i += 2*h) {
+            for (int j = i; j < i + h; ++j) {
+                const __m256 a = r[j];
+                const __m256 b = r[j + h];
+                r[j]     = _mm256_add_ps(a, b);
+                r[j + h] = _mm256_sub_ps(a, b);
+            }
+        }
+    }
+    for (int i = 0; i < TURBOQ_GROUP/8; ++i) {
+        _mm256_storeu_ps(x + 8*i, r[i]);
+    }
+}
+
+// destroys v
+static inline float turboq_avx2_tree_sum(float * v) {
+    for (int h = TURBOQ_GROUP/2; h >= 8; h >>= 1) {
+        for (int i = 0; i < h; i += 8) {
+            _mm256_storeu_ps(v + i, _mm256_add_ps(_mm256_loadu_ps(v + i), _mm256_loadu_ps(v + i + h)));
+        }
+    }
+    _mm_storeu_ps(v, _mm_add_ps(_mm_loadu_ps(v), _mm_loadu_ps(v + 4)));
+    return (v[0] + v[2]) + (v[1] + v[3]); // the last two halvings
+}
+
+// x[i] = (x[i] * k) * s[i], or x[i] * s[i] when k is NULL
+static inline void turboq_avx2_scale_signs(float * x, const float * k, const float * s) {
+    if (k) {
+        const __m256 kk = _mm256_set1_ps(*k);
+        for (int i = 0; i < TURBOQ_GROUP; i += 8) {
+            _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), kk), _mm256_loadu_ps(s + i)));
+        }
+    } else {
+        for (int i = 0; i < TURBOQ_GROUP; i += 8) {
+            _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(s + i)));
+        }
+    }
+}
+
+// max |x_i|, INFINITY when some x_i is not finite
+static inline float turboq_avx2_absmax(const float * x) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 inf = _mm256_set1_ps(INFINITY);
+    __m256 m = _mm256_setzero_ps();
+    __m256 finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    for (int i = 0; i < TURBOQ_GROUP; i += 8) {
+        const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
+        finite = _mm256_and_ps(finite, _mm256_cmp_ps(a, inf, _CMP_LT_OQ)); // false for Inf and NaN
+        m = _mm256_max_ps(m, a);
+    }
+    if (_mm256_movemask_ps(finite) != 0xFF) {
+        return INFINITY;
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+// y_i = x_i/d, t_i = y_i*y_i
+static inline void turboq_avx2_div_square(const float * x, float d, float * y, float * t) {
+    const __m256 dd = _mm256_set1_ps(d);
+    for (int i = 0; i < TURBOQ_GROUP; i += 8) {
+        const __m256 q = _mm256_div_ps(_mm256_loadu_ps(x + i), dd);
+        _mm256_storeu_ps(y + i, q);
+        _mm256_storeu_ps(t + i, _mm256_mul_ps(q, q));
+    }
+}
+
+// a struct turboq_encode_steps initializer (the index and pack steps are the generic ones)
+#define TURBOQ_ARCH_ENCODE_STEPS {                                                                    \
+    .group            = TURBOQ_GROUP,                                                                 \
+    .absmax           = turboq_avx2_absmax,                                                           \
+    .div_square       = turboq_avx2_div_square,                                                       \
+    .tree_sum         = turboq_avx2_tree_sum,                                                         \
+    .fwht             = turboq_avx2_fwht,                                                             \
+    .scale_signs      = turboq_avx2_scale_signs,                                                      \
+    .index_thresholds = turboq_generic_index_thresholds,                                              \
+    .index_grid       = turboq_generic_index_grid,                                                     \
+    .lookup           = turboq_generic_lookup,                                                        \
+    .pack             = { turboq_generic_pack2, turboq_generic_pack3, turboq_generic_pack4, turboq_generic_pack8 }, \
+}
 
 static inline __m256i turboq_bytes8(const uint8_t * p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) p));
