@@ -72,6 +72,10 @@ class Ggml:
         b.ggml_set_rows.argtypes = [vp, vp, vp, vp]
         b.ggml_cast.restype = vp
         b.ggml_cast.argtypes = [vp, vp, C.c_int]
+        b.ggml_concat.restype = vp
+        b.ggml_concat.argtypes = [vp, vp, vp, C.c_int]
+        b.ggml_permute.restype = vp
+        b.ggml_permute.argtypes = [vp, vp, C.c_int, C.c_int, C.c_int, C.c_int]
         b.ggml_nbytes.restype = C.c_size_t
         b.ggml_nbytes.argtypes = [vp]
         cpu.ggml_graph_compute_with_ctx.restype = C.c_int

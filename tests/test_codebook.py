@@ -17,7 +17,7 @@ def test_header_is_regenerated_identically():
 
 def test_cuda_instances_are_regenerated_identically_and_dispatched():
     """The instance files and their case list (fattn-turboq-cases.inc) are the generator's; the cuda
-    patch (21) builds every instance file, and turboq.cu declares and dispatches the case list."""
+    patch (22) builds every instance file, and turboq.cu declares and dispatches the case list."""
     for path, text in cuda_instances.generated_files().items():
         assert path.read_text() == text, f"{path.name} is stale: run `python -m pyturbo.lab.cuda_instances --write`"
     on_disk = set(cuda_instances.DIR.glob("fattn-turboq-instance-*.cu"))

@@ -136,3 +136,33 @@ def test_cast_to_f16(lib, rng, type_name):
         return out, lambda: read(b, out, np.float16, 2 * 256)
 
     np.testing.assert_array_equal(graph_run(lib, build), reference.dequantize(blocks, type_name).astype(np.float16))
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, 3])
+@pytest.mark.parametrize("layout", ["rows", "permuted"])
+def test_concat_f32(lib, rng, dim, layout):
+    """CONCAT of F32, which the exact window runs twice per layer and step: whole rows where both
+    sources' rows are contiguous (patch 13), value by value where one is a permuted view."""
+    shape = [5, 4, 3, 2]  # ne0..ne3
+    other = list(shape)
+    other[dim] = 3
+    x = rng.standard_normal(shape[::-1]).astype(np.float32)  # numpy's axes are ne3..ne0
+    y = rng.standard_normal(other[::-1]).astype(np.float32)
+    yt = np.ascontiguousarray(np.swapaxes(y, 2, 3)) if layout == "permuted" else y
+
+    def build(b, ctx):
+        a = b.ggml_new_tensor_4d(ctx, 0, *shape)  # GGML_TYPE_F32
+        fill(b, a, x)
+        if layout == "permuted":  # y stored with ne0 and ne1 swapped, read through a permuted view
+            c = b.ggml_new_tensor_4d(ctx, 0, other[1], other[0], other[2], other[3])
+            fill(b, c, yt)
+            c = b.ggml_permute(ctx, c, 1, 0, 2, 3)
+        else:
+            c = b.ggml_new_tensor_4d(ctx, 0, *other)
+            fill(b, c, y)
+        out = b.ggml_concat(ctx, a, c, dim)
+        return out, lambda: read(b, out, np.float32, x.size + y.size)
+
+    got = graph_run(lib, build)
+    want = np.concatenate([x, y], axis=3 - dim)
+    np.testing.assert_array_equal(got.reshape(want.shape), want)

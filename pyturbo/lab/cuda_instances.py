@@ -6,7 +6,7 @@ below, an f16 or q8_0 K with the turboq Vs only (f16/f16 and q8_0/q8_0 are upstr
 The turboq types at a head size are those a layer of that size stores: turboq2/3/4/8 at 128 and
 256, their `_g64` twins at 64, their `_g32` twins at 96. This module is the one list: it also
 writes `fattn-turboq-cases.inc`, the X-macro list of the same cases that turboq.cu declares,
-dispatches and reports as supported; the cuda patch (21) globs the instance files, which
+dispatches and reports as supported; the cuda patch (22) globs the instance files, which
 tests/test_codebook.py checks.
 
     python -m pyturbo.lab.cuda_instances --write
