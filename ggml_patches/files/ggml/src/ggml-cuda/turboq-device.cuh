@@ -204,9 +204,10 @@ static __device__ __forceinline__ void tq_unpack(const char * __restrict__ blk, 
     const block_t * b = (const block_t *) blk;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-        // unsigned, so that % and / by the power-of-two strides are masks and shifts and the byte
-        // that several k share is one load (e.g. turboq3's qh byte lane % 16 at G = 128)
-        const unsigned v = (unsigned) lane + 32u*k;
+        // unsigned and masked to the warp, so that % and / by the power-of-two strides fold into
+        // masks and constant shifts, and the byte that several k share is one load (e.g. turboq3's
+        // qh byte lane % 16 at G = 128)
+        const unsigned v = ((unsigned) lane & 31u) + 32u*k;
         if constexpr (tq_traits<type>::bits == 2 || tq_traits<type>::bits == 3) {
             idx[k] = (b->qs[v % (G/4)] >> (2*(v / (G/4)))) & 3;
         }
@@ -249,7 +250,8 @@ static __device__ __forceinline__ void tq_pack_field(uint8_t * __restrict__ dst,
         for (int f = 0; f < n_field; ++f) {
             const int reg = (32*r + f*S) / 32;
             const int src = (lane + f*S) % 32;
-            const int val = __shfl_sync(0xFFFFFFFF, field[reg], src, 32);
+            // S a multiple of 32: the value is this lane's own (no shuffle)
+            const int val = S % 32 == 0 ? field[reg] : __shfl_sync(0xFFFFFFFF, field[reg], src, 32);
             byte |= (val & ((1 << width) - 1)) << (width*f);
         }
         if (lane + 32*r < n_bytes) {
