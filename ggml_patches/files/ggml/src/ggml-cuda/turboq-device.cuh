@@ -425,6 +425,14 @@ struct tq_nd {
     int64_t nb0, nb1, nb2, nb3;
 };
 
+// byte offset of the block that holds flat value index i of a turboq tensor (its rows hold whole
+// groups: nb0 is the block size, ne0 counts values)
+template <ggml_type type>
+static __device__ __forceinline__ int64_t tq_block_offset(const int64_t i, const tq_nd & t) {
+    const int64_t i0 = i % t.ne0;
+    return tq_offset(i - i0, t.ne0, t.ne1, t.ne2, 0, t.nb1, t.nb2, t.nb3) + (i0/tq_traits<type>::G)*t.nb0;
+}
+
 // CPY f32/f16 -> turboq, any src layout (elements in ggml_nelements order).
 template <ggml_type type, typename src_t>
 static __global__ void k_tq_quantize_nd(const char * __restrict__ src, char * __restrict__ dst, const int64_t n_groups, const tq_nd s, const tq_nd d) {
@@ -438,9 +446,7 @@ static __global__ void k_tq_quantize_nd(const char * __restrict__ src, char * __
         return;
     }
     const int64_t i = g*tq_traits<type>::G;
-    // turboq rows hold whole groups: d.nb0 is the block size, d.ne0 counts values
-    const int64_t i0 = i % d.ne0;
-    char * blk = dst + tq_offset(i - i0, d.ne0, d.ne1, d.ne2, 0, d.nb1, d.nb2, d.nb3) + (i0/tq_traits<type>::G)*d.nb0;
+    char * blk = dst + tq_block_offset<type>(i, d);
 
     float v[tq_nv<type>()];
 #pragma unroll
@@ -471,8 +477,7 @@ static __global__ void k_tq_dequantize_nd(const char * __restrict__ src, char * 
         return;
     }
     const int64_t i  = g*tq_traits<type>::G;
-    const int64_t i0 = i % s.ne0;
-    const char * blk = src + tq_offset(i - i0, s.ne0, s.ne1, s.ne2, 0, s.nb1, s.nb2, s.nb3) + (i0/tq_traits<type>::G)*s.nb0;
+    const char * blk = src + tq_block_offset<type>(i, s);
 
     float x[tq_nv<type>()];
     tq_dequant_group<type, dst_t>(blk, lane, tables, x);
