@@ -5,7 +5,8 @@ sliding-window layers (Gemma 3: every 6th layer is global) gets a second cache f
 of min(n_ctx, n_swa * n_seq + n_ubatch) cells, padded the same way. Each layer stores
 n_head_kv * head_dim values of K and of V per cell, in blocks of the cache type (for a turboq type,
 of its _g64 twin where the head size is a multiple of 64 but not of 128, of its _g32 twin where it
-is a multiple of 32 but not of 64: pyturbo.types.layer_cache_type). An MLA model (DeepSeek-V2/V3:
+is a multiple of 32 but not of 64, of its _g16 twin where it is a multiple of 16 but not of 32:
+pyturbo.types.layer_cache_type). An MLA model (DeepSeek-V2/V3:
 the GGUF has both MLA head lengths, key_length_mla and value_length_mla) caches K alone, in K's type; its attention reads V out of K's rows.
 """
 from __future__ import annotations

@@ -46,12 +46,14 @@ TURBOQ_TYPES = tuple(n for n, t in CACHE_TYPES.items() if t.is_turboq)
 
 TURBOQ_G64 = 64  # values per group of the _g64 twins
 TURBOQ_G32 = 32  # values per group of the _g32 twins
+TURBOQ_G16 = 16  # values per group of the _g16 twins
 # The twins' groups, largest first: a layer takes the largest that divides its head size.
-TWIN_GROUPS = (TURBOQ_G64, TURBOQ_G32)
-# The turboq codecs on 64- and 32-value groups: llama.cpp stores a requested turboq type as its
-# _g64 twin on each layer whose head size is a multiple of 64 but not of 128, as its _g32 twin
-# where it is a multiple of 32 but not of 64 (llama_turboq_type_for_head; CPU and Vulkan). Not
-# names for -ctk/-ctv; the codec, the reference and kv_bytes take them.
+TWIN_GROUPS = (TURBOQ_G64, TURBOQ_G32, TURBOQ_G16)
+# The turboq codecs on 64-, 32- and 16-value groups: llama.cpp stores a requested turboq type as
+# its _g64 twin on each layer whose head size is a multiple of 64 but not of 128, as its _g32 twin
+# where it is a multiple of 32 but not of 64, as its _g16 twin where it is a multiple of 16 but
+# not of 32 (head size 80: Phi-2) (llama_turboq_type_for_head; CPU and Vulkan). Not names for
+# -ctk/-ctv; the codec, the reference and kv_bytes take them.
 TWIN_TYPES: dict[str, CacheType] = {t.name: t for t in (
     CacheType("turboq2_g64", 64, TURBOQ_G64, 18),
     CacheType("turboq3_g64", 65, TURBOQ_G64, 26),
@@ -61,12 +63,18 @@ TWIN_TYPES: dict[str, CacheType] = {t.name: t for t in (
     CacheType("turboq3_g32", 69, TURBOQ_G32, 14),
     CacheType("turboq4_g32", 70, TURBOQ_G32, 18),
     CacheType("turboq8_g32", 71, TURBOQ_G32, 34),
+    CacheType("turboq2_g16", 72, TURBOQ_G16, 6),
+    CacheType("turboq3_g16", 73, TURBOQ_G16, 8),
+    CacheType("turboq4_g16", 74, TURBOQ_G16, 10),
+    CacheType("turboq8_g16", 75, TURBOQ_G16, 18),
 )}
 TURBOQ_TWIN_TYPES = tuple(TWIN_TYPES)
 G64_TYPES: dict[str, CacheType] = {n: t for n, t in TWIN_TYPES.items() if t.block_size == TURBOQ_G64}
 G32_TYPES: dict[str, CacheType] = {n: t for n, t in TWIN_TYPES.items() if t.block_size == TURBOQ_G32}
+G16_TYPES: dict[str, CacheType] = {n: t for n, t in TWIN_TYPES.items() if t.block_size == TURBOQ_G16}
 TURBOQ_G64_TYPES = tuple(G64_TYPES)
 TURBOQ_G32_TYPES = tuple(G32_TYPES)
+TURBOQ_G16_TYPES = tuple(G16_TYPES)
 
 
 def turboq_base(name: str | CacheType) -> str:
@@ -90,7 +98,7 @@ def layer_cache_type(name: str | CacheType, head_dim: int) -> CacheType:
 
 def requested_cache_type(name: str | CacheType) -> CacheType:
     """A cache type as a user asks for one (-ctk/-ctv, cache_type_k=): the names llama.cpp's tools take.
-    A twin (_g64, _g32) is refused, saying which name to ask for: llama.cpp picks the twin per layer,
+    A twin (_g64, _g32, _g16) is refused, saying which name to ask for: llama.cpp picks the twin per layer,
     and given one directly it would skip the per-layer rule (and the flash-attention check)."""
     t = cache_type(name)
     if t.name in TWIN_TYPES:
@@ -101,7 +109,7 @@ def requested_cache_type(name: str | CacheType) -> CacheType:
 
 
 def cache_type(name: str | CacheType) -> CacheType:
-    """Look a cache type up by name, case-insensitively, the twins (_g64, _g32) included (the codec,
+    """Look a cache type up by name, case-insensitively, the twins (_g64, _g32, _g16) included (the codec,
     the reference, memory sizes); ValueError lists the valid names. User settings go through
     requested_cache_type."""
     if isinstance(name, CacheType):

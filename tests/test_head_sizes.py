@@ -1,10 +1,11 @@
-"""Head sizes that are a multiple of 64 but not of 128 (issue 22), or of 32 but not of 64: the _g64
-and _g32 twins of the turboq types.
+"""Head sizes that are a multiple of 64 but not of 128 (issue 22), of 32 but not of 64, or of 16 but
+not of 32: the _g64, _g32 and _g16 twins of the turboq types.
 
 llama.cpp stores a requested turboq type as its _g64 twin (64-value rotation groups; CPU and
 Vulkan, whose cases are in test_vulkan.py) on each layer whose head size is a multiple of 64 but
 not of 128, as its _g32 twin (32-value groups) where it is a multiple of 32 but not of 64 (Phi-3:
-96). Checked here: the twins' block layouts spelled out, the codec's error against its codebook,
+96), as its _g16 twin (16-value groups) where it is a multiple of 16 but not of 32 (Phi-2: 80).
+Checked here: the twins' block layouts spelled out, the codec's error against its codebook,
 flash attention over such caches against NumPy, llama.cpp end to end on SmolLM2-135M (real weights, head_dim 64) and on
 tiny models, and the refusal, naming the head size, of what still does not work. The C codec against the NumPy reference, bit for bit, is in
 test_codec.py with the other types.
@@ -22,37 +23,44 @@ from pyturbo.lab.codebook import lloyd_max
 from pyturbo.bench.cpu import config_bpw, parse_config
 from pyturbo.memory import kv_bytes, kv_geometry
 from pyturbo.tools import kv_mib, llama_perplexity as perplexity, run_tool
-from pyturbo.types import TURBOQ_G32_TYPES, TURBOQ_G64_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type, \
+from pyturbo.types import TURBOQ_G16_TYPES, TURBOQ_G32_TYPES, TURBOQ_G64_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type, \
     layer_cache_type, turboq_base
 from helpers import last_logits
 
 
+# pyturbo.lab.reference's description of the small layouts, as numbers: values per qs byte stride
+# (turboq2/3), per qh byte stride (turboq3), per nibble stride (turboq4)
+_SPELLED = {32: (8, 4, 16), 16: (4, 2, 8)}
+
+
 def _spelled_out_blocks(name: str, norms: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """The _g32 block layouts written out byte by byte from their description (pyturbo.lab.reference)."""
+    """The _g32 and _g16 block layouts written out byte by byte from their description (pyturbo.lab.reference)."""
+    q, e, h = _SPELLED[cache_type(name).block_size]
     out = []
     for nb, ix in zip(norms, idx):
         blk = list(np.array([nb], "<f2").view(np.uint8))
         base = turboq_base(name)
         if base in ("turboq2", "turboq3"):
-            blk += [sum((ix[i + 8 * k] & 3) << 2 * k for k in range(4)) for i in range(8)]
+            blk += [sum((ix[i + q * k] & 3) << 2 * k for k in range(4)) for i in range(q)]
             if base == "turboq3":
-                blk += [sum(((ix[i + 4 * k] >> 2) & 1) << k for k in range(8)) for i in range(4)]
+                blk += [sum(((ix[i + e * k] >> 2) & 1) << k for k in range(8)) for i in range(e)]
         elif base == "turboq4":
-            blk += [ix[i] | ix[i + 16] << 4 for i in range(16)]
+            blk += [ix[i] | ix[i + h] << 4 for i in range(h)]
         else:
             blk += list(ix)
         out.append(blk)
     return np.array(out, dtype=np.uint8)
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_G32_TYPES)
-def test_the_32_value_layouts_byte_by_byte(rng, type_name):
+@pytest.mark.parametrize("type_name", TURBOQ_G32_TYPES + TURBOQ_G16_TYPES)
+def test_the_32_and_16_value_layouts_byte_by_byte(rng, type_name):
     t = cache_type(type_name)
     levels = 256 if turboq_base(type_name) == "turboq8" else 1 << int(type_name[6])
-    idx = rng.integers(0, levels, (5, 32)).astype(np.uint8)
+    idx = rng.integers(0, levels, (5, t.block_size)).astype(np.uint8)
     norms = rng.standard_normal(5).astype(np.float16)
     want = _spelled_out_blocks(type_name, norms, idx)
-    assert want.shape == (5, t.block_bytes) and t.bpw == {2: 2.5, 3: 3.5, 4: 4.5, 8: 8.5}[int(type_name[6])]
+    # the fp16 norm costs 16 bits a group: half a bit per value at 32, one bit at 16
+    assert want.shape == (5, t.block_bytes) and t.bpw == int(type_name[6]) + 16 / t.block_size
     np.testing.assert_array_equal(reference.pack(type_name, norms, idx), want)
     back_norms, back_idx = reference.unpack(type_name, want)
     np.testing.assert_array_equal(back_idx, idx)
@@ -72,8 +80,9 @@ def test_a_bad_group_is_zeros_and_leaves_its_neighbours(lib, rng, type_name):
 
 
 # the stored norm makes each decoded group exactly as long as its input, which lowers the error
-# below the codebook's by more on smaller groups (measured: -2% at 64 values, -4 to -6.5% at 32)
-@pytest.mark.parametrize("g,tol", [(64, 0.05), (32, 0.1)])
+# below the codebook's by more on smaller groups (measured: -2% at 64 values, -4 to -6.5% at 32,
+# -2.4 to -12% at 16)
+@pytest.mark.parametrize("g,tol", [(64, 0.05), (32, 0.1), (16, 0.15)])
 @pytest.mark.parametrize("bits", [2, 3, 4])
 def test_roundtrip_error_matches_the_twin_codebook(lib, bits, g, tol):
     rng = np.random.default_rng(64 + bits)
@@ -99,13 +108,15 @@ def _mse_with_128_codebook(bits, u):
 
 @pytest.mark.parametrize("head_dim,want", [(64, "turboq3_g64"), (192, "turboq3_g64"), (576, "turboq3_g64"),
                                            (96, "turboq3_g32"), (32, "turboq3_g32"), (160, "turboq3_g32"),
-                                           (224, "turboq3_g32"), (128, "turboq3"), (256, "turboq3"),
-                                           (80, "turboq3"), (48, "turboq3")])
+                                           (224, "turboq3_g32"), (80, "turboq3_g16"), (48, "turboq3_g16"),
+                                           (16, "turboq3_g16"), (128, "turboq3"), (256, "turboq3"),
+                                           (72, "turboq3"), (40, "turboq3")])
 def test_which_layers_take_a_twin(head_dim, want):
     assert layer_cache_type("turboq3", head_dim).name == want
     assert layer_cache_type("q8_0", head_dim).name == "q8_0"
     assert {layer_cache_type(t, 64).name for t in TURBOQ_TYPES} == set(TURBOQ_G64_TYPES)
     assert {layer_cache_type(t, 96).name for t in TURBOQ_TYPES} == set(TURBOQ_G32_TYPES)
+    assert {layer_cache_type(t, 80).name for t in TURBOQ_TYPES} == set(TURBOQ_G16_TYPES)
 
 
 @pytest.mark.parametrize("name", TURBOQ_TWIN_TYPES)
@@ -141,9 +152,12 @@ def _twin_pairs(g: int) -> list[tuple[str, str]]:
     return [(x, x) for x in t.values()] + [(t[3], "f16"), ("f16", t[4]), ("q8_0", t[3]), (t[4], t[2])]
 
 
-# head sizes: 64 and 192 (the _g64 twins), 96 (Phi-3) and 160 (the _g32 twins)
+# head sizes: 64 and 192 (the _g64 twins), 96 (Phi-3) and 160 (the _g32 twins), 80 (Phi-2) and 48
+# (the _g16 twins)
 FA_CASES = [(k, v, dk, n_q) for k, v in _twin_pairs(64) for dk, n_q in ((64, 1), (64, 37), (192, 5))] + [
-    (k, v, dk, n_q) for k, v in _twin_pairs(32) for dk, n_q in ((96, 1), (96, 37), (160, 5))]
+    (k, v, dk, n_q) for k, v in _twin_pairs(32) for dk, n_q in ((96, 1), (96, 37), (160, 5))] + [
+    (k, v, dk, n_q) for k, v in _twin_pairs(16) for dk, n_q in ((80, 1), (80, 37), (48, 5))
+    if "q8_0" not in (k, v)]  # q8_0's 32-value blocks do not divide 80 or 48
 
 
 @pytest.mark.parametrize("type_k,type_v,dk,n_q", FA_CASES)
@@ -237,7 +251,7 @@ def test_smollm2_kv_bytes_are_the_64_value_layout(smollm2, smollm2_runs):
 
 @pytest.fixture(scope="module")
 def tiny(build_info):
-    return {hd: data.tiny_model(head_dim=hd) for hd in (64, 80, 96, 192)}
+    return {hd: data.tiny_model(head_dim=hd) for hd in (64, 72, 80, 96, 192)}
 
 
 @pytest.fixture(scope="module")
@@ -246,26 +260,33 @@ def tiny96(tiny):
 
 
 @pytest.fixture(scope="module")
-def tiny96_runs(tiny96, short_text, tmp_path_factory):
-    return kld_runs(tiny96, short_text, tmp_path_factory.mktemp("kld-96"), "tiny (head size 96)", SMOL_TYPES, 128, 2)
+def tiny80(tiny):
+    return tiny[80]
 
 
-def test_head_size_96_decodes_in_32_value_groups(tiny96, tiny96_runs):
-    """Phi-3's head size on a tiny random model (4 heads, 2 KV heads of 96): every type runs, the
-    cache is the _g32 layout's size, and the error follows the bits."""
-    for t in SMOL_TYPES:
-        r = tiny96_runs[t]
+# Phi-3's head size in the _g32 twins (14 bytes per 32 values), Phi-2's in the _g16 ones (8 bytes
+# per 16 values)
+@pytest.mark.parametrize("head_dim,g,turboq3_bpw", [(96, 32, 3.5), (80, 16, 4.0)])
+def test_small_head_sizes_decode_in_their_groups(tiny, short_text, tmp_path, head_dim, g, turboq3_bpw):
+    """A tiny random model (4 heads, 2 KV heads of head_dim): every type runs, the cache is the
+    twin layout's size, and the error follows the bits."""
+    model = tiny[head_dim]
+    # q8_0's and q4_0's 32-value blocks do not divide 80: there turboq is the only quantized cache
+    types = [t for t in SMOL_TYPES if head_dim % 32 == 0 or t.startswith("turboq")]
+    runs = kld_runs(model, short_text, tmp_path, f"tiny (head size {head_dim})", types, 128, 2)
+    for t in types:
+        r = runs[t]
         assert r.kld is not None and np.isfinite(r.ppl), t
         n_ctx = int(re.search(r"llama_context: n_ctx += (\d+)", r.log).group(1))
-        assert r.kv_mib == pytest.approx(kv_bytes(tiny96, n_ctx, t, t) / 2**20, abs=0.011), t
-    assert "head size 96: K turboq3_g32, V turboq3_g32 (turboq in 32-value groups)" in tiny96_runs["turboq3"].log
-    # 14 bytes per 32 values: 3.5 bits per value
-    assert kv_bytes(tiny96, 256, "turboq3", "turboq3") * 16 == kv_bytes(tiny96, 256, "f16", "f16") * 3.5
-    kld = {t: tiny96_runs[t].kld for t in SMOL_TYPES}
+        assert r.kv_mib == pytest.approx(kv_bytes(model, n_ctx, t, t) / 2**20, abs=0.011), t
+    want = f"head size {head_dim}: K turboq3_g{g}, V turboq3_g{g} (turboq in {g}-value groups)"
+    assert want in runs["turboq3"].log
+    assert kv_bytes(model, 256, "turboq3", "turboq3") * 16 == kv_bytes(model, 256, "f16", "f16") * turboq3_bpw
+    kld = {t: runs[t].kld for t in types}
     assert kld["turboq8"] < kld["turboq4"] < kld["turboq3"] < kld["turboq2"], kld
 
 
-@pytest.mark.parametrize("head_dim,g", [(64, 64), (192, 64), (96, 32)])
+@pytest.mark.parametrize("head_dim,g", [(64, 64), (192, 64), (96, 32), (80, 16)])
 def test_tiny_models_run_on_the_twins(tiny, short_text, head_dim, g):
     r = run_tool("llama-perplexity", "-m", str(tiny[head_dim]), "-f", str(short_text), "-c", "128", "--chunks", "2",
                  "-ctk", "turboq3", "-ctv", "turboq4", "-lv", "4")
@@ -277,16 +298,32 @@ def test_tiny_models_run_on_the_twins(tiny, short_text, head_dim, g):
     assert kv_mib(out) == pytest.approx(kv_bytes(tiny[head_dim], n_ctx, "turboq3", "turboq4") / 2**20, abs=0.011)
 
 
+@pytest.mark.parametrize("mode", [3, 5])
+def test_layer_adaptive_modes_at_head_size_80(tiny, short_text, mode):
+    # mode 3 keeps a q8_0 K on its boundary layer, which q8_0's 32-value blocks cannot store at
+    # head size 80: refused, naming the layer and the modes that work; mode 5 (turboq V types) runs
+    r = run_tool("llama-perplexity", "-m", str(tiny[80]), "-f", str(short_text), "-c", "128", "--chunks", "1",
+                 "-ctk", "turboq3", "-ctv", "turboq3", "--layer-adaptive", str(mode), "-lv", "4", check=False)
+    out = r.stdout + r.stderr
+    if mode == 3:
+        assert r.returncode > 0
+        assert re.search(r"layer-adaptive: layer \d: K type q8_0 needs head_dim % 32 == 0, the model has "
+                         r"n_embd_head_k=80; modes 0, 5 and 6, whose boundary layers take turboq types, work", out), out[-2000:]
+    else:
+        assert r.returncode == 0 and "Final estimate" in out, out[-2000:]
+        assert re.findall(r"layer-adaptive mode 5: K (\S+), V (\S+)", out) == [("turboq3_g16", "turboq4_g16")] * 2
+
+
 def test_other_head_sizes_are_refused_with_their_head_size(tiny, short_text):
-    # every head size that q8_0 and q4_0 take (a multiple of 32) now takes a turboq twin, so what
-    # is refused is left with f16
-    head_dim = 80
+    # every head size that q8_0 and q4_0 take (a multiple of 32), and 80, now takes a turboq twin,
+    # so what is refused is left with f16
+    head_dim = 72
     r = run_tool("llama-perplexity", "-m", str(tiny[head_dim]), "-f", str(short_text), "-c", "128",
                  "-ctk", "turboq3", "-ctv", "turboq3", check=False)
     assert r.returncode > 0
     out = r.stderr + r.stdout
     assert f"n_embd_head_k={head_dim}" in out
-    assert "groups of 128 values, or of 64 or 32 (CPU and Vulkan)" in out
+    assert "groups of 128 values, or of 64, 32 or 16 (CPU and Vulkan)" in out
     assert f"this model's is {head_dim}; caches that work with it: f16" in out
 
 
@@ -355,10 +392,10 @@ def test_mla_layer_adaptive_modes(mla_model, short_text, mode):
 
 
 @pytest.mark.parametrize("model_fixture,type_v", [("smollm2", "turboq4"), ("mla_model", "turboq3"),
-                                                  ("tiny96", "turboq4")])
+                                                  ("tiny96", "turboq4"), ("tiny80", "turboq2")])
 def test_pyturbo_llama_restores_state_bit_identically(Llama, request, model_fixture, type_v):
-    # SmolLM2 (head size 64), the tiny MLA model (K of 576, V its view, so V is K's type) and a
-    # tiny model of head size 96 (the _g32 twins)
+    # SmolLM2 (head size 64), the tiny MLA model (K of 576, V its view, so V is K's type) and tiny
+    # models of head sizes 96 and 80 (the _g32 and _g16 twins)
     model = request.getfixturevalue(model_fixture)
     llm = Llama(str(model), n_ctx=512, n_threads=2, verbose=False, seed=1, flash_attn=True,
                 cache_type_k="turboq3", cache_type_v=type_v)

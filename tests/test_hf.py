@@ -83,11 +83,12 @@ def test_decode_matches_reference(lib, rng, type_name):
 
 
 @pytest.mark.parametrize("k_center", [False, True])
-@pytest.mark.parametrize("d,g,k_bytes,v_bytes", [(64, 64, 26, 34), (96, 32, 14, 18)])
+@pytest.mark.parametrize("d,g,k_bytes,v_bytes", [(64, 64, 26, 34), (96, 32, 14, 18), (80, 16, 8, 10)])
 def test_head_dims_store_their_twins(rng, k_center, d, g, k_bytes, v_bytes):
     """SmolLM2's geometry, 3 KV heads of 64 -> rows of 192 values, three 64-value groups (the _g64
     twins, as llama.cpp stores them); Phi-3's head size 96 -> rows of 288 values, nine 32-value
-    groups (the _g32 twins); no padding."""
+    groups (the _g32 twins); Phi-2's 80 -> rows of 240 values, fifteen 16-value groups (the _g16
+    twins); no padding."""
     b, h, t = 2, 3, 5
     n = h * d
     k = torch.from_numpy((rng.standard_normal((b, h, t, d)) * 3 + 1).astype(np.float32))
@@ -112,17 +113,17 @@ def test_head_dims_store_their_twins(rng, k_center, d, g, k_bytes, v_bytes):
 
 
 def test_other_head_sizes_pad_the_row_to_whole_blocks(rng):
-    """Head size 80 (which llama.cpp refuses for turboq): 2 KV heads -> rows of 160 values,
-    padded with zeros to 256 (two 128-value blocks), the padding dropped on decoding."""
-    b, h, t, d = 1, 2, 4, 80
+    """Head size 72 (not a multiple of 16, which llama.cpp refuses for turboq): 2 KV heads -> rows
+    of 144 values, padded with zeros to 256 (two 128-value blocks), the padding dropped on decoding."""
+    b, h, t, d = 1, 2, 4, 72
     k = torch.from_numpy(rng.standard_normal((b, h, t, d)).astype(np.float32))
     layer = TurboQuantLayer("turboq3", "turboq3", k_center=False)
     k_out, _ = layer.update(k, k)
     assert layer.keys.shape == (b, t, 2 * 50)
     padded = np.zeros((b, t, 256), np.float32)
-    padded[..., :160] = k.transpose(1, 2).reshape(b, t, h * d).numpy()
+    padded[..., :144] = k.transpose(1, 2).reshape(b, t, h * d).numpy()
     np.testing.assert_array_equal(layer.keys.numpy().ravel(), reference.quantize(padded, "turboq3"))
-    back = reference.dequantize(layer.keys.numpy().ravel(), "turboq3").reshape(b, t, 256)[..., :160]
+    back = reference.dequantize(layer.keys.numpy().ravel(), "turboq3").reshape(b, t, 256)[..., :144]
     np.testing.assert_allclose(k_out.transpose(1, 2).reshape(b, t, h * d).numpy(), back, rtol=0, atol=1e-5)
 
 

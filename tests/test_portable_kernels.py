@@ -7,7 +7,7 @@ times: build-aarch64/ (cross-compiled, run with qemu-aarch64), build-scalar/ and
 last runs on an x86 machine with AVX2; it skips on one without). Inputs are generated
 here, written to files, and the harness's results are compared with pyturbo.lab.reference:
 - the codec (SET_ROWS into the cache, GET_ROWS back) bit for bit, over a few hundred groups (128
-  values, or 64/32 for the _g64/_g32 twins) that include zeros, NaN/Inf rows, huge and subnormal values;
+  values, or 64/32/16 for the _g64/_g32/_g16 twins) that include zeros, NaN/Inf rows, huge and subnormal values;
 - flash attention within the x86 tests' tolerance (1e-4 of the output scale, as in
   test_flash_attn_tiled.py) against float64 attention over the reference-decoded cache, on
   the tiled path and on the one-row path (TURBOQ_FA_TILED=0, and ggml's use_ref).
@@ -134,6 +134,10 @@ FA_CASES = [
     ("turboq8_g32", "turboq4_g32", 96, 4, 2, 35, 200, 2, "tiled", 0.0),
     ("turboq2_g32", "turboq3_g32", 96, 8, 2, 8, 300, 1, "onerow", 0.0),
     ("turboq3_g32", "turboq8_g32", 160, 4, 1, 1, 300, 1, "onerow", 0.0),
+    # the _g16 twins (head sizes 80 and 48)
+    ("turboq3_g16", "turboq3_g16", 80, 8, 2, 1, 300, 2, "tiled", 0.0),
+    ("turboq4_g16", "turboq2_g16", 48, 4, 1, 8, 300, 1, "tiled", 5.0),
+    ("turboq2_g16", "turboq8_g16", 80, 8, 2, 8, 300, 1, "onerow", 0.0),
 ]
 
 

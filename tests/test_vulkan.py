@@ -1,7 +1,7 @@
 """The Vulkan backend, run on Mesa's software driver (lavapipe), against the CPU backend.
 
 test-backend-ops compares every turboq case on Vulkan0 with the CPU backend (its own NMSE
-tolerances), the _g64 and _g32 twins' included, and llama-perplexity -ngl 99 with turboq3 K/V must
+tolerances), the _g64, _g32 and _g16 twins' included, and llama-perplexity -ngl 99 with turboq3 K/V must
 give the CPU's logits at head sizes 128, 64 and 96.
 
 build-vulkan/ comes from scripts/setup_vulkan.sh, which scripts/test.sh runs. Without it these
@@ -113,6 +113,12 @@ def test_the_32_value_twins_on_vulkan(vk_bin, op, n_cases):
     assert backend_ops(vk_bin, op, "_g32") == n_cases
 
 
+@pytest.mark.parametrize("op, n_cases", [("SET_ROWS", 8), ("GET_ROWS", 4), ("CPY", 12), ("FLASH_ATTN_EXT", 20)])
+def test_the_16_value_twins_on_vulkan(vk_bin, op, n_cases):
+    """The _g16 twins (head size 80: Phi-2; issue 22): the _g32 twins' cases at head size 80."""
+    assert backend_ops(vk_bin, op, "_g16") == n_cases
+
+
 def test_copies_to_and_from_a_quantized_view_on_vulkan(vk_bin):
     """An MLA K-shift's copies (patch 31): f32 to and from a view that starts blocks into each row
     of a q8_0, q4_0, turboq3 or _g64 tensor. The views one block in start where lavapipe's
@@ -166,10 +172,11 @@ def test_turboq_flash_attention_on_vulkan_hs128(vk_bin):
     assert backend_ops(vk_bin, "FLASH_ATTN_EXT", "hsk=128,.*turboq[23]", "hsk=128,.*turboq[48]") == 80
 
 
-@pytest.mark.parametrize("head_dim, stored", [(128, "turboq3"), (64, "turboq3_g64"), (96, "turboq3_g32")])
+@pytest.mark.parametrize("head_dim, stored", [(128, "turboq3"), (64, "turboq3_g64"), (96, "turboq3_g32"),
+                                              (80, "turboq3_g16")])
 def test_turboq_perplexity_vulkan_matches_cpu(build_info, vk_bin, tmp_path, monkeypatch, head_dim, stored):
     """llama-perplexity with every layer and its turboq3 cache on Vulkan0 gives the CPU's logits;
-    at head sizes 64 and 96 the cache stores the _g64 and _g32 twins on Vulkan0."""
+    at head sizes 64, 96 and 80 the cache stores the _g64, _g32 and _g16 twins on Vulkan0."""
     model = data.tiny_model(head_dim=head_dim)
     text = data.corpus_slice(12000)
     base = tmp_path / "cpu-turboq3.kld"

@@ -72,7 +72,7 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
                head_dim_v: int = 128, mla: bool = False) -> float:
     """Bits per value of K and V together, of the types a layer of these head sizes stores (a
     turboq type's _g64 twin where the head size is a multiple of 64 but not of 128, its _g32 twin
-    where it is a multiple of 32 but not of 64); for a mode that ranks layers by K gain (3), its
+    where it is a multiple of 32 but not of 64, its _g16 twin where it is a multiple of 16 but not of 32); for a mode that ranks layers by K gain (3), its
     n_layer // k_gain_div boundary layers carry the boundary K type (the C table's). W + S exact
     positions (a tail and sinks) count as that many of the context's ctx positions held in f16
     instead of the type (a token is quantized as it leaves the window), as the K/V lab counts it.

@@ -5,8 +5,9 @@ n_head_kv * head_dim of them, in blocks of the cache type. This cache stores exa
 [batch, tokens, row_bytes] uint8, with the same bytes the C codec writes for the same input.
 As in llama.cpp, a head size that is a multiple of 64 but not of 128 (SmolLM2: 64, 3 KV heads,
 192 values a row) takes the turboq type's _g64 twin, 64-value groups, and one that is a multiple of
-32 but not of 64 (Phi-3: 96) its _g32 twin, 32-value groups (pyturbo.types.layer_cache_type):
-turboq3 then takes 3.25 or 3.5 bits per value, and a block never spans two heads. Otherwise the row of
+32 but not of 64 (Phi-3: 96) its _g32 twin, 32-value groups, and one that is a multiple of 16 but
+not of 32 (Phi-2: 80) its _g16 twin, 16-value groups (pyturbo.types.layer_cache_type): turboq3 then
+takes 3.25, 3.5 or 4 bits per value, and a block never spans two heads. Otherwise the row of
 all KV heads is grouped (head_dim 256, Gemma 3: a block is half a head); a row that is not a
 whole number of blocks (a head size llama.cpp refuses) is padded with zeros to the next block;
 zeros change neither the group's norm nor its rotation and are dropped again on decoding.
@@ -50,7 +51,7 @@ class _Codec:
     """One side (K or V) of a layer: type, geometry, encode to / decode from stored rows."""
 
     def __init__(self, type_name: str) -> None:
-        # a user's name (a _g64 or _g32 twin is picked per head size in init, as llama.cpp does)
+        # a user's name (a _g64, _g32 or _g16 twin is picked per head size in init, as llama.cpp does)
         self.type = tc.check_type(requested_cache_type(type_name)).name
         self.n_heads = 0
         self.head_dim = 0

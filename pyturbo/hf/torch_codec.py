@@ -1,4 +1,4 @@
-"""The KV-cache codecs in torch: turboq2/3/4/8 and their twins (_g64, _g32: 64- and 32-value groups) bit for bit
+"""The KV-cache codecs in torch: turboq2/3/4/8 and their twins (_g64, _g32, _g16: 64-, 32- and 16-value groups) bit for bit
 equal to pyturbo.lab.reference and the C codec, q8_0 equal to ggml's reference quantizer, and the
 plain float types.
 
@@ -98,7 +98,7 @@ def tree_sum(v: torch.Tensor) -> torch.Tensor:
 
 
 def fwht(v: torch.Tensor) -> torch.Tensor:
-    """Unnormalised Walsh-Hadamard transform over the last axis (128, 64 or 32), butterflies h = 1, 2, ..."""
+    """Unnormalised Walsh-Hadamard transform over the last axis (128, 64, 32 or 16), butterflies h = 1, 2, ..."""
     lead, g = v.shape[:-1], v.shape[-1]
     h = 1
     while h < g:
@@ -201,7 +201,7 @@ def _inverse_rotation(g: int = D) -> torch.Tensor:
 
 @lru_cache(maxsize=None)
 def _inverse_rotation_for(seed: int, g: int = D) -> torch.Tensor:
-    """The decoding rotation as a matrix: x = y @ M, M = D2 . H . D1 / sqrt(g) (g = 128, 64 or 32)."""
+    """The decoding rotation as a matrix: x = y @ M, M = D2 . H . D1 / sqrt(g) (g = 128, 64, 32 or 16)."""
     s1, s2 = _signs(seed)
     s1, s2 = s1[:g], s2[:g]
     h = fwht(torch.eye(g, dtype=torch.float32))
@@ -267,7 +267,7 @@ def _decode_fast(name: str, b: torch.Tensor) -> torch.Tensor:
 
 
 def turboq_decode_blocks(name: str, blocks: torch.Tensor, exact: bool = True) -> torch.Tensor:
-    """float32 groups [n, g] in the original domain (g: 128, or 64/32 for the _g64/_g32 types).
+    """float32 groups [n, g] in the original domain (g: 128, or 64/32/16 for the _g64/_g32/_g16 types).
 
     exact: the C's butterflies, bit for bit. Otherwise byte lookups and one [n,g] x [g,g]
     matmul, about 15x faster on the CPU and within a few float32 ulps (another summation order),

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .._paths import REPO_ROOT
-from ..types import TWIN_GROUPS  # the _g64 and _g32 twins' groups: 64 and 32
+from ..types import TWIN_GROUPS  # the twins' groups: 64, 32 and 16
 from . import signs as _signs
 from .signs import D, SIGN_SEED  # noqa: F401 (the lab and hf/ import them from here)
 

@@ -16,6 +16,9 @@ their own codebooks (turboq8's grid for turboq8_gN) and no reserved field in tur
   _g32 (32 values): read 32 for 128, 8 for 32 and so on (10, 14, 18, 34 B): turboq2_g32's qs[8]
     byte i holds values i, i+8, i+16, i+24; turboq3_g32's qh[4] byte i bit k the high bit of value
     i+4k; turboq4_g32's qs[16] byte i values i (low nibble) and i+16 (high)
+  _g16 (16 values): read 16 for 128 (6, 8, 10, 18 B): turboq2_g16's qs[4] byte i holds values i,
+    i+4, i+8, i+12; turboq3_g16's qh[2] byte i bit k the high bit of value i+2k; turboq4_g16's
+    qs[8] byte i values i (low nibble) and i+8 (high)
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ _f32 = np.float32
 
 
 def tree_sum(v: np.ndarray) -> np.ndarray:
-    """Sum over the last axis (length 128, 64 or 32) by repeated halving, as the C code does."""
+    """Sum over the last axis (length 128, 64, 32 or 16) by repeated halving, as the C code does."""
     while v.shape[-1] > 1:
         h = v.shape[-1] // 2
         v = v[..., :h] + v[..., h:]
@@ -52,7 +55,7 @@ def tree_sum(v: np.ndarray) -> np.ndarray:
 
 
 def fwht(v: np.ndarray) -> np.ndarray:
-    """Unnormalised Walsh-Hadamard transform over the last axis (length 128, 64 or 32)."""
+    """Unnormalised Walsh-Hadamard transform over the last axis (length 128, 64, 32 or 16)."""
     lead, g = v.shape[:-1], v.shape[-1]
     h = 1
     while h < g:
@@ -64,7 +67,7 @@ def fwht(v: np.ndarray) -> np.ndarray:
 
 
 def rotate(v: np.ndarray) -> np.ndarray:
-    """Each group over the last axis (128, 64 or 32 values) rotated."""
+    """Each group over the last axis (128, 64, 32 or 16 values) rotated."""
     s1, s2 = _signs(v.shape[-1])
     return (fwht(v * s1) * np.float32(1.0 / np.sqrt(v.shape[-1]))) * s2
 

@@ -1,6 +1,6 @@
 // Stand-alone driver for ggml-turboq.c, built with ASan+UBSan by tests/test_fuzz.py.
-// stdin: int32 ggml type id (turboq2/3/4/8 or their _g64/_g32 twins), int32 count, then count*128
-// float32 values (count 128-value groups, or 2*count 64-value ones, or 4*count 32-value ones).
+// stdin: int32 ggml type id (turboq2/3/4/8 or their _g64/_g32/_g16 twins), int32 count, then count*128
+// float32 values (count 128-value groups, or 2*count 64-value ones, 4*count 32-value ones, 8*count 16-value ones).
 // stdout: the quantized blocks, then the dequantized float32 values.
 #include "ggml.h"
 #include "ggml-turboq.h"
@@ -14,7 +14,8 @@
 bool ggml_is_turboq(enum ggml_type type) { return type >= GGML_TYPE_TURBOQ2_0 && type <= GGML_TYPE_TURBOQ8_0; }
 int ggml_turboq_group(enum ggml_type type) {
     return ggml_is_turboq(type) ? 128 : type >= GGML_TYPE_TURBOQ2_G64 && type <= GGML_TYPE_TURBOQ8_G64 ? 64
-         : type >= GGML_TYPE_TURBOQ2_G32 && type <= GGML_TYPE_TURBOQ8_G32 ? 32 : 0;
+         : type >= GGML_TYPE_TURBOQ2_G32 && type <= GGML_TYPE_TURBOQ8_G32 ? 32
+         : type >= GGML_TYPE_TURBOQ2_G16 && type <= GGML_TYPE_TURBOQ8_G16 ? 16 : 0;
 }
 
 static size_t turboq_block_bytes(enum ggml_type type) {
@@ -31,6 +32,10 @@ static size_t turboq_block_bytes(enum ggml_type type) {
         case GGML_TYPE_TURBOQ3_G32: return 14;
         case GGML_TYPE_TURBOQ4_G32: return 18;
         case GGML_TYPE_TURBOQ8_G32: return 34;
+        case GGML_TYPE_TURBOQ2_G16: return 6;
+        case GGML_TYPE_TURBOQ3_G16: return 8;
+        case GGML_TYPE_TURBOQ4_G16: return 10;
+        case GGML_TYPE_TURBOQ8_G16: return 18;
         default: abort();
     }
 }
@@ -64,6 +69,10 @@ static const struct { quantize_fn quantize; dequantize_fn dequantize; } codecs[]
     { quantize_turboq3_g32, dequantize_row_turboq3_g32 },
     { quantize_turboq4_g32, dequantize_row_turboq4_g32 },
     { quantize_turboq8_g32, dequantize_row_turboq8_g32 },
+    { quantize_turboq2_g16, dequantize_row_turboq2_g16 },
+    { quantize_turboq3_g16, dequantize_row_turboq3_g16 },
+    { quantize_turboq4_g16, dequantize_row_turboq4_g16 },
+    { quantize_turboq8_g16, dequantize_row_turboq8_g16 },
 };
 
 int main(void) {

@@ -22,6 +22,7 @@ constexpr ggml_type KEEP = GGML_TYPE_COUNT; // the layer keeps the requested typ
 constexpr int QK_G128 = 128; // values per rotation group (ggml_turboq_group)
 constexpr int QK_G64  = 64;
 constexpr int QK_G32  = 32;
+constexpr int QK_G16  = 16;
 
 // set while the K-centering calibration context is built and run (llama-turboq-center.cpp): it is
 // a plain f16 context, whatever the layer-adaptive mode says
@@ -242,21 +243,22 @@ llama_turboq_layer_types llama_turboq_layer_types_for(int mode, bool boundary, g
 }
 
 ggml_type llama_turboq_type_for_head(ggml_type type, uint32_t n_embd_head) {
-    if (!ggml_is_turboq(type) || n_embd_head % QK_G32 != 0) {
+    if (!ggml_is_turboq(type) || n_embd_head % QK_G16 != 0) {
         return type;
     }
-    // debug: a smaller group than the head size needs (64 or 32), to measure a twin's quality on
+    // debug: a smaller group than the head size needs (64, 32 or 16), to measure a twin's quality on
     // a model whose heads do not call for it
     const char * env   = std::getenv("TURBOQ_GROUP");
     const int    force = env ? std::atoi(env) : 0;
-    int group = n_embd_head % QK_G128 == 0 ? QK_G128 : n_embd_head % QK_G64 == 0 ? QK_G64 : QK_G32;
-    if ((force == QK_G64 || force == QK_G32) && force < group) {
+    int group = n_embd_head % QK_G128 == 0 ? QK_G128 : n_embd_head % QK_G64 == 0 ? QK_G64
+              : n_embd_head % QK_G32 == 0 ? QK_G32 : QK_G16;
+    if ((force == QK_G64 || force == QK_G32 || force == QK_G16) && force < group) {
         group = force;
     }
     if (group == QK_G128) {
         return type;
     }
-    const ggml_type twin0 = group == QK_G64 ? GGML_TYPE_TURBOQ2_G64 : GGML_TYPE_TURBOQ2_G32;
+    const ggml_type twin0 = group == QK_G64 ? GGML_TYPE_TURBOQ2_G64 : group == QK_G32 ? GGML_TYPE_TURBOQ2_G32 : GGML_TYPE_TURBOQ2_G16;
     return (ggml_type) (twin0 + (type - GGML_TYPE_TURBOQ2_0));
 }
 
@@ -327,9 +329,9 @@ kv_ops_on_device device_takes_kv_types(ggml_backend_dev_t dev, const llama_turbo
 
 void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_backend_dev_t dev, uint32_t il,
                                      uint32_t n_embd_head_k, uint32_t n_embd_head_v, uint32_t n_gqa) {
-    // a twin: 64- or 32-value groups
-    const bool k64 = ggml_turboq_group(lt.type_k) == QK_G64 || ggml_turboq_group(lt.type_k) == QK_G32;
-    const bool v64 = ggml_turboq_group(lt.type_v) == QK_G64 || ggml_turboq_group(lt.type_v) == QK_G32;
+    // a twin: 64-, 32- or 16-value groups
+    const bool k64 = ggml_turboq_group(lt.type_k) != 0 && ggml_turboq_group(lt.type_k) < QK_G128;
+    const bool v64 = ggml_turboq_group(lt.type_v) != 0 && ggml_turboq_group(lt.type_v) < QK_G128;
     const bool any = ggml_turboq_group(lt.type_k) || ggml_turboq_group(lt.type_v);
     if (!any || dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
         return;
@@ -373,7 +375,7 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
     if (!ops.set_rows || !ops.attention) {
         throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores %d-value groups (%s), and this "
             "layer's KV cache is on %s, which declines their SET_ROWS or flash attention (the CPU backend computes "
-            "them, Vulkan at head sizes 64, 96 and 192 and MLA's 576, CUDA not yet); keep the KV cache on the CPU (--no-kv-offload, "
+            "them, Vulkan at head sizes 64, 80, 96 and 192 and MLA's 576, CUDA not yet); keep the KV cache on the CPU (--no-kv-offload, "
             "offload_kqv=False) or use q8_0 or q4_0, whose 32-value blocks every backend takes",
             il, n_embd_head, group, type_name, ggml_backend_dev_name(dev)));
     }
@@ -383,23 +385,26 @@ void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t 
     if (!ggml_is_turboq(type)) {
         return;
     }
-    // not a multiple of 32: q8_0's and q4_0's 32-value blocks do not fit such a head either
-    LLAMA_LOG_ERROR("%s: layer %u: %s cache %s: turboq types rotate and store groups of 128 values, or of 64 or 32 (CPU and "
-        "Vulkan) for head sizes that are a multiple of 64 or 32, and this model's is %u; caches that work with it: f16 "
-        "(q8_0 and q4_0 need a multiple of 32 as well)\n", __func__, il, side, ggml_type_name(type), n_embd_head);
+    // not a multiple of 16: q8_0's and q4_0's 32-value blocks do not fit such a head either
+    LLAMA_LOG_ERROR("%s: layer %u: %s cache %s: turboq types rotate and store groups of 128 values, or of 64, 32 or 16 "
+        "(CPU and Vulkan) for head sizes that are a multiple of 64, 32 or 16, and this model's is %u; caches that work "
+        "with it: f16 (q8_0 and q4_0 need a multiple of 32 as well)\n", __func__, il, side, ggml_type_name(type), n_embd_head);
 }
 
 void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k, uint32_t n_embd_head_v, bool v_trans) {
     const auto fail = [&](const std::string & why) {
         throw std::runtime_error("layer-adaptive: layer " + std::to_string(il) + ": " + why);
     };
+    // the requested types fit (upstream checked them, and the turboq twins take every multiple of
+    // 16), so a type that does not is a mode's boundary type: q8_0 at head size 80
+    const std::string what_works = "; modes 0, 5 and 6, whose boundary layers take turboq types, work with this head size";
     if (n_embd_head_k % ggml_blck_size(lt.type_k) != 0) {
         fail(std::string("K type ") + ggml_type_name(lt.type_k) + " needs head_dim % " + std::to_string(ggml_blck_size(lt.type_k)) +
-             " == 0, the model has n_embd_head_k=" + std::to_string(n_embd_head_k));
+             " == 0, the model has n_embd_head_k=" + std::to_string(n_embd_head_k) + what_works);
     }
     if (n_embd_head_v % ggml_blck_size(lt.type_v) != 0) {
         fail(std::string("V type ") + ggml_type_name(lt.type_v) + " needs head_dim % " + std::to_string(ggml_blck_size(lt.type_v)) +
-             " == 0, the model has n_embd_head_v=" + std::to_string(n_embd_head_v));
+             " == 0, the model has n_embd_head_v=" + std::to_string(n_embd_head_v) + what_works);
     }
     if (v_trans && ggml_is_quantized(lt.type_v)) {
         fail(std::string("V type ") + ggml_type_name(lt.type_v) + " requires flash_attn to be enabled");

@@ -60,11 +60,12 @@ llama_turboq_layer_types llama_turboq_layer_types_for(int mode, bool boundary, g
 
 // The type a layer of head size n_embd_head stores for a requested `type`: a turboq type's _g64
 // twin (64-value groups) where the head size is a multiple of 64 but not of 128, its _g32 twin
-// where it is a multiple of 32 but not of 64, `type` otherwise
+// where it is a multiple of 32 but not of 64, its _g16 twin where it is a multiple of 16 but not
+// of 32, `type` otherwise
 ggml_type llama_turboq_type_for_head(ggml_type type, uint32_t n_embd_head);
 
 // the block size that must divide a layer's head size for a requested cache type: that of
-// llama_turboq_type_for_head (32, 64 or 128 for a turboq type)
+// llama_turboq_type_for_head (16, 32, 64 or 128 for a turboq type)
 uint32_t llama_turboq_head_block(ggml_type type, uint32_t n_embd_head);
 
 // lt with each type fitted to layer il's head sizes (llama_turboq_type_for_head); logs the stored
@@ -77,7 +78,7 @@ llama_turboq_layer_types llama_turboq_fit_heads(const llama_turboq_layer_types &
 bool llama_turboq_is_rpc(ggml_backend_dev_t dev);
 
 // throws std::runtime_error, naming the layer, its head size and what works, when a layer whose
-// cache takes a _g64 or _g32 type would have it on a device that does not compute it (`dev`: the layer's
+// cache takes a _g64, _g32 or _g16 type would have it on a device that does not compute it (`dev`: the layer's
 // KV device, NULL when the cache stays on the CPU; asked through supports_op: Vulkan does, CUDA
 // not yet), or on an RPC server's layer even with the cache here (its flash attention would run
 // on the server, which may not have the type). A device that declines a 128-value type at the
@@ -86,7 +87,7 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
                                      uint32_t n_embd_head_k, uint32_t n_embd_head_v, uint32_t n_gqa);
 
 // logs, after upstream's "block size does not divide n_embd_head" refusal of a turboq `type` for
-// layer il, why (128-, 64- or 32-value groups) and which cache types work for that head size
+// layer il, why (128-, 64-, 32- or 16-value groups) and which cache types work for that head size
 void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t il, uint32_t n_embd_head);
 
 // throws std::runtime_error when a layer's types cannot work (head_dim, flash attention off)

@@ -30,8 +30,8 @@
 #define TURBOQ_FP16_MAX 65504.0f
 
 // The element-wise steps of encoding one group of `group` values (see ggml-turboq.c for the
-// algorithm): 128 for the shipped types, whose steps an architecture may accelerate, 64 and 32
-// for the _G64 and _G32 types (generic steps only).
+// algorithm): 128 for the shipped types, whose steps an architecture may accelerate, 64, 32 and
+// 16 for the _G64, _G32 and _G16 types (generic steps only).
 struct turboq_encode_steps {
     int   group;
     float (*absmax)(const float * x);                           // max |x_i|, non-finite when some x_i is
@@ -140,6 +140,7 @@ static inline void turboq_generic_lookup_n(const float * tab, int n_tab, const u
 TURBOQ_GENERIC_STEPS_OF(, TURBOQ_GROUP)
 TURBOQ_GENERIC_STEPS_OF(64, QK_TURBOQ_G64)
 TURBOQ_GENERIC_STEPS_OF(32, QK_TURBOQ_G32)
+TURBOQ_GENERIC_STEPS_OF(16, QK_TURBOQ_G16)
 
 // Every layout (ggml-common.h), for its group G: turboq2 qs[i] = idx[i] | idx[i+G/4] << 2 |
 // idx[i+G/2] << 4 | idx[i+3G/4] << 6; turboq3 the same qs first (so that it extends turboq2's layout)
@@ -177,6 +178,7 @@ TURBOQ_GENERIC_STEPS_OF(32, QK_TURBOQ_G32)
 TURBOQ_GENERIC_PACK_OF(, _0, TURBOQ_GROUP)
 TURBOQ_GENERIC_PACK_OF(64, _g64, QK_TURBOQ_G64)
 TURBOQ_GENERIC_PACK_OF(32, _g32, QK_TURBOQ_G32)
+TURBOQ_GENERIC_PACK_OF(16, _g16, QK_TURBOQ_G16)
 
 static const struct turboq_encode_steps turboq_generic_steps = {
     .group            = TURBOQ_GROUP,
@@ -215,6 +217,18 @@ static const struct turboq_encode_steps turboq_generic32_steps = {
     .lookup           = turboq_generic32_lookup,
     .pack             = { turboq_generic32_pack2, turboq_generic32_pack3, turboq_generic32_pack4, turboq_generic32_pack8 },
 };
+static const struct turboq_encode_steps turboq_generic16_steps = {
+    .group            = QK_TURBOQ_G16,
+    .absmax           = turboq_generic16_absmax,
+    .div_square       = turboq_generic16_div_square,
+    .tree_sum         = turboq_generic16_tree_sum,
+    .fwht             = turboq_generic16_fwht,
+    .scale_signs      = turboq_generic16_scale_signs,
+    .index_thresholds = turboq_generic16_index_thresholds,
+    .index_grid       = turboq_generic16_index_grid,
+    .lookup           = turboq_generic16_lookup,
+    .pack             = { turboq_generic16_pack2, turboq_generic16_pack3, turboq_generic16_pack4, turboq_generic16_pack8 },
+};
 
 // ---- the codebooks ----
 
@@ -228,10 +242,11 @@ struct turboq_codebook {
 };
 
 static_assert(GGML_TYPE_TURBOQ2_G64 == GGML_TYPE_TURBOQ8_0 + 1 && GGML_TYPE_TURBOQ8_G64 == GGML_TYPE_TURBOQ2_0 + 7 &&
-              GGML_TYPE_TURBOQ2_G32 == GGML_TYPE_TURBOQ8_G64 + 1 && GGML_TYPE_TURBOQ8_G32 == GGML_TYPE_TURBOQ2_0 + 11,
-              "the turboq types are twelve consecutive ids: turboq2/3/4/8, then their _G64 and _G32 twins");
+              GGML_TYPE_TURBOQ2_G32 == GGML_TYPE_TURBOQ8_G64 + 1 && GGML_TYPE_TURBOQ8_G32 == GGML_TYPE_TURBOQ2_0 + 11 &&
+              GGML_TYPE_TURBOQ2_G16 == GGML_TYPE_TURBOQ8_G32 + 1 && GGML_TYPE_TURBOQ8_G16 == GGML_TYPE_TURBOQ2_0 + 15,
+              "the turboq types are sixteen consecutive ids: turboq2/3/4/8, then their _G64, _G32 and _G16 twins");
 
-// 0..11 for turboq2/3/4/8, turboq2/3/4/8_g64 and turboq2/3/4/8_g32
+// 0..15 for turboq2/3/4/8 and their _g64, _g32 and _g16 twins
 static inline int turboq_type_index(enum ggml_type type) {
     GGML_ASSERT(ggml_turboq_group(type) != 0);
     return (int) (type - GGML_TYPE_TURBOQ2_0);
@@ -250,6 +265,10 @@ static const struct turboq_codebook turboq_codebooks[] = {
     { QK_TURBOQ_G32, sizeof(block_turboq3_g32), turboq3_g32_centroids, turboq3_g32_thresholds, 7  },
     { QK_TURBOQ_G32, sizeof(block_turboq4_g32), turboq4_g32_centroids, turboq4_g32_thresholds, 15 },
     { QK_TURBOQ_G32, sizeof(block_turboq8_g32), turboq8_centroids,     NULL,                   0  },
+    { QK_TURBOQ_G16, sizeof(block_turboq2_g16), turboq2_g16_centroids, turboq2_g16_thresholds, 3  },
+    { QK_TURBOQ_G16, sizeof(block_turboq3_g16), turboq3_g16_centroids, turboq3_g16_thresholds, 7  },
+    { QK_TURBOQ_G16, sizeof(block_turboq4_g16), turboq4_g16_centroids, turboq4_g16_thresholds, 15 },
+    { QK_TURBOQ_G16, sizeof(block_turboq8_g16), turboq8_centroids,     NULL,                   0  },
 };
 
 static inline const struct turboq_codebook * turboq_codebook_of(enum ggml_type type) {
@@ -258,7 +277,8 @@ static inline const struct turboq_codebook * turboq_codebook_of(enum ggml_type t
 
 // 1/sqrt(group)
 static inline float turboq_inv_sqrt_group(int group) {
-    return group == QK_TURBOQ_G64 ? TURBOQ_G64_INV_SQRT_GROUP : group == QK_TURBOQ_G32 ? TURBOQ_G32_INV_SQRT_GROUP : TURBOQ_INV_SQRT_GROUP;
+    return group == QK_TURBOQ_G64 ? TURBOQ_G64_INV_SQRT_GROUP : group == QK_TURBOQ_G32 ? TURBOQ_G32_INV_SQRT_GROUP
+         : group == QK_TURBOQ_G16 ? TURBOQ_G16_INV_SQRT_GROUP : TURBOQ_INV_SQRT_GROUP;
 }
 
 static inline int turboq_codebook_levels(const struct turboq_codebook * cb) {
@@ -339,8 +359,9 @@ static inline void turboq_quantize_row_with(const struct turboq_encode_steps * s
 }
 
 // the steps for a type: st128 (an architecture's or the generic ones) for the 128-value types,
-// the generic 64- and 32-value steps for the _G64 and _G32 types
+// the generic 64-, 32- and 16-value steps for the _G64, _G32 and _G16 types
 static inline const struct turboq_encode_steps * turboq_steps_for(enum ggml_type type, const struct turboq_encode_steps * st128) {
     const int g = turboq_codebook_of(type)->group;
-    return g == QK_TURBOQ_G64 ? &turboq_generic64_steps : g == QK_TURBOQ_G32 ? &turboq_generic32_steps : st128;
+    return g == QK_TURBOQ_G64 ? &turboq_generic64_steps : g == QK_TURBOQ_G32 ? &turboq_generic32_steps
+         : g == QK_TURBOQ_G16 ? &turboq_generic16_steps : st128;
 }

@@ -8,6 +8,7 @@
 #define TURBOQ_INV_SQRT_GROUP 8.838834614e-02f
 #define TURBOQ_G64_INV_SQRT_GROUP 1.250000000e-01f
 #define TURBOQ_G32_INV_SQRT_GROUP 1.767766923e-01f
+#define TURBOQ_G16_INV_SQRT_GROUP 2.500000000e-01f
 
 // CUDA includes this with TURBOQ_TABLE defined as `static __constant__ const`
 #ifndef TURBOQ_TABLE
@@ -134,6 +135,40 @@ TURBOQ_TABLE float turboq4_g32_thresholds[15] = {
     -1.384269148e-01f, -9.067475796e-02f, -4.488489032e-02f, 0.000000000e+00f,
     4.488489032e-02f, 9.067475796e-02f, 1.384269148e-01f, 1.895765662e-01f,
     2.463999391e-01f, 3.132661581e-01f, 4.016948640e-01f
+};
+
+// The _g16 types (16-value groups): the first 16 signs of each table above, and
+// Lloyd-Max codebooks for a unit vector in R^16; turboq8_g16 takes turboq8's grid.
+// 4 levels; E||u - Q(u)||^2 = 0.105847 for a unit vector in R^16
+TURBOQ_TABLE float turboq2_g16_centroids[4] = {
+    -3.672074676e-01f, -1.124896929e-01f, 1.124896929e-01f, 3.672074676e-01f
+};
+TURBOQ_TABLE float turboq2_g16_thresholds[3] = {
+    -2.398485839e-01f, 0.000000000e+00f, 2.398485839e-01f
+};
+
+// 8 levels; E||u - Q(u)||^2 = 0.030084 for a unit vector in R^16
+TURBOQ_TABLE float turboq3_g16_centroids[8] = {
+    -4.992036521e-01f, -3.217478693e-01f, -1.836827695e-01f, -5.992350727e-02f,
+    5.992350727e-02f, 1.836827695e-01f, 3.217478693e-01f, 4.992036521e-01f
+};
+TURBOQ_TABLE float turboq3_g16_thresholds[7] = {
+    -4.104757607e-01f, -2.527153194e-01f, -1.218031347e-01f, 0.000000000e+00f,
+    1.218031347e-01f, 2.527153194e-01f, 4.104757607e-01f
+};
+
+// 16 levels; E||u - Q(u)||^2 = 0.008094 for a unit vector in R^16
+TURBOQ_TABLE float turboq4_g16_centroids[16] = {
+    -6.039070487e-01f, -4.742973745e-01f, -3.785649836e-01f, -2.978177965e-01f,
+    -2.254079878e-01f, -1.580401063e-01f, -9.372586012e-02f, -3.106692992e-02f,
+    3.106692992e-02f, 9.372586012e-02f, 1.580401063e-01f, 2.254079878e-01f,
+    2.978177965e-01f, 3.785649836e-01f, 4.742973745e-01f, 6.039070487e-01f
+};
+TURBOQ_TABLE float turboq4_g16_thresholds[15] = {
+    -5.391021967e-01f, -4.264311790e-01f, -3.381913900e-01f, -2.616128922e-01f,
+    -1.917240471e-01f, -1.258829832e-01f, -6.239639595e-02f, 0.000000000e+00f,
+    6.239639595e-02f, 1.258829832e-01f, 1.917240471e-01f, 2.616128922e-01f,
+    3.381913900e-01f, 4.264311790e-01f, 5.391021967e-01f
 };
 
 

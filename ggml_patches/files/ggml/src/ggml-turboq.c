@@ -1,7 +1,7 @@
 // TurboQuant KV-cache codec (pyturbo).
 //
-// Encoding one 128-value group x (the _g64/_g32 types: 64/32 values, the first 64/32 signs and
-// their own codebooks; read 64 or 32 for 128 below):
+// Encoding one 128-value group x (the _g64/_g32/_g16 types: 64/32/16 values, the first 64/32/16
+// signs and their own codebooks; read 64, 32 or 16 for 128 below):
 //   1. amax = max|x_i|; a group with a NaN/Inf or all zeros is stored as an all-zero block, so a
 //      bad value never reaches (and poisons) the softmax of other tokens.
 //   2. u = x/amax, r = ||u|| (dividing first keeps huge and denormal inputs in range), v = u/r.
@@ -84,11 +84,13 @@ void ggml_turboq_signs(const float ** s1, const float ** s2) {
 TURBOQ_DEFINE_UNPACK(, _0, TURBOQ_GROUP)
 TURBOQ_DEFINE_UNPACK(_g64, _g64, QK_TURBOQ_G64)
 TURBOQ_DEFINE_UNPACK(_g32, _g32, QK_TURBOQ_G32)
+TURBOQ_DEFINE_UNPACK(_g16, _g16, QK_TURBOQ_G16)
 
 static void (*const turboq_unpack[])(const void * blk, uint8_t * idx) = {
     turboq2_unpack,     turboq3_unpack,     turboq4_unpack,     turboq8_unpack,
     turboq2_g64_unpack, turboq3_g64_unpack, turboq4_g64_unpack, turboq8_g64_unpack,
     turboq2_g32_unpack, turboq3_g32_unpack, turboq4_g32_unpack, turboq8_g32_unpack,
+    turboq2_g16_unpack, turboq3_g16_unpack, turboq4_g16_unpack, turboq8_g16_unpack,
 };
 
 float ggml_turboq_decode_rotated(enum ggml_type type, const void * GGML_RESTRICT block, float * GGML_RESTRICT out) {
@@ -146,3 +148,7 @@ TURBOQ_DEFINE_ENTRY_POINTS(2, _g32, GGML_TYPE_TURBOQ2_G32)
 TURBOQ_DEFINE_ENTRY_POINTS(3, _g32, GGML_TYPE_TURBOQ3_G32)
 TURBOQ_DEFINE_ENTRY_POINTS(4, _g32, GGML_TYPE_TURBOQ4_G32)
 TURBOQ_DEFINE_ENTRY_POINTS(8, _g32, GGML_TYPE_TURBOQ8_G32)
+TURBOQ_DEFINE_ENTRY_POINTS(2, _g16, GGML_TYPE_TURBOQ2_G16)
+TURBOQ_DEFINE_ENTRY_POINTS(3, _g16, GGML_TYPE_TURBOQ3_G16)
+TURBOQ_DEFINE_ENTRY_POINTS(4, _g16, GGML_TYPE_TURBOQ4_G16)
+TURBOQ_DEFINE_ENTRY_POINTS(8, _g16, GGML_TYPE_TURBOQ8_G16)

@@ -13,10 +13,10 @@
 #include "turboq-kernels.h"
 
 // ---- generic primitives ----
-// Each takes the group size n of its type (128, or 64 and 32 for the _g64 and _g32 types), a
-// constant where it is inlined into a kernel.
+// Each takes the group size n of its type (128, or 64, 32 and 16 for the _g64, _g32 and _g16
+// types), a constant where it is inlined into a kernel.
 
-// turboqN_decode / turboqN_g64_decode / turboqN_g32_decode: a block's centroid values in the rotated
+// turboqN_decode / turboqN_g64_decode / turboqN_g32_decode / turboqN_g16_decode: a block's centroid values in the rotated
 // domain (unscaled); returns its norm. The generic ones read the bytes directly, in the layouts of
 // ggml-turboq-encode.h's TURBOQ_GENERIC_PACK_OF (ggml_turboq_decode_rotated unpacks to indices
 // first: the same values, measured 1.7x slower in decode). NAME: the decoder's infix; SUF: the
@@ -57,6 +57,10 @@
 // an arch file may leave the _g32 twins (heads of 96, 160: few models) to these
 #ifndef TURBOQ_ARCH_DECODE_G32
 TURBOQ_DEFINE_DECODE(_g32, _g32, QK_TURBOQ_G32)
+#endif
+// and the _g16 twins (head size 80: Phi-2)
+#ifndef TURBOQ_ARCH_DECODE_G16
+TURBOQ_DEFINE_DECODE(_g16, _g16, QK_TURBOQ_G16)
 #endif
 #ifndef TURBOQ_ARCH_DECODE
 TURBOQ_DEFINE_DECODE(, _0, TURBOQ_GROUP)
@@ -141,6 +145,10 @@ TURBOQ_DEFINE_FA_KERNELS(turboq2_g32, turboq2_g32, QK_TURBOQ_G32)
 TURBOQ_DEFINE_FA_KERNELS(turboq3_g32, turboq3_g32, QK_TURBOQ_G32)
 TURBOQ_DEFINE_FA_KERNELS(turboq4_g32, turboq4_g32, QK_TURBOQ_G32)
 TURBOQ_DEFINE_FA_KERNELS(turboq8_g32, turboq8_g32, QK_TURBOQ_G32)
+TURBOQ_DEFINE_FA_KERNELS(turboq2_g16, turboq2_g16, QK_TURBOQ_G16)
+TURBOQ_DEFINE_FA_KERNELS(turboq3_g16, turboq3_g16, QK_TURBOQ_G16)
+TURBOQ_DEFINE_FA_KERNELS(turboq4_g16, turboq4_g16, QK_TURBOQ_G16)
+TURBOQ_DEFINE_FA_KERNELS(turboq8_g16, turboq8_g16, QK_TURBOQ_G16)
 
 // a whole row, block norms applied
 #define TURBOQ_DEFINE_DECODE_ROW(NAME, TYPE, G)                                                                 \
@@ -152,7 +160,12 @@ TURBOQ_DEFINE_FA_KERNELS(turboq8_g32, turboq8_g32, QK_TURBOQ_G32)
         }                                                                                                       \
     }
 
-// an arch file that defines TURBOQ_ARCH_DECODE_ROW decodes the rows of all twelve types
+TURBOQ_DEFINE_DECODE_ROW(turboq2_g16, turboq2_g16, QK_TURBOQ_G16)
+TURBOQ_DEFINE_DECODE_ROW(turboq3_g16, turboq3_g16, QK_TURBOQ_G16)
+TURBOQ_DEFINE_DECODE_ROW(turboq4_g16, turboq4_g16, QK_TURBOQ_G16)
+TURBOQ_DEFINE_DECODE_ROW(turboq8_g16, turboq8_g16, QK_TURBOQ_G16)
+
+// an arch file that defines TURBOQ_ARCH_DECODE_ROW decodes the rows of the other twelve types
 #ifndef TURBOQ_ARCH_DECODE_ROW
 
 TURBOQ_DEFINE_DECODE_ROW(turboq2, turboq2_0, TURBOQ_GROUP)
@@ -186,6 +199,10 @@ static const struct {
     [GGML_TYPE_TURBOQ3_G32 - GGML_TYPE_TURBOQ2_0] = { turboq3_g32_fa_kq_dot, turboq3_g32_fa_v_mad, turboq3_g32_decode_row },
     [GGML_TYPE_TURBOQ4_G32 - GGML_TYPE_TURBOQ2_0] = { turboq4_g32_fa_kq_dot, turboq4_g32_fa_v_mad, turboq4_g32_decode_row },
     [GGML_TYPE_TURBOQ8_G32 - GGML_TYPE_TURBOQ2_0] = { turboq8_g32_fa_kq_dot, turboq8_g32_fa_v_mad, turboq8_g32_decode_row },
+    [GGML_TYPE_TURBOQ2_G16 - GGML_TYPE_TURBOQ2_0] = { turboq2_g16_fa_kq_dot, turboq2_g16_fa_v_mad, turboq2_g16_decode_row },
+    [GGML_TYPE_TURBOQ3_G16 - GGML_TYPE_TURBOQ2_0] = { turboq3_g16_fa_kq_dot, turboq3_g16_fa_v_mad, turboq3_g16_decode_row },
+    [GGML_TYPE_TURBOQ4_G16 - GGML_TYPE_TURBOQ2_0] = { turboq4_g16_fa_kq_dot, turboq4_g16_fa_v_mad, turboq4_g16_decode_row },
+    [GGML_TYPE_TURBOQ8_G16 - GGML_TYPE_TURBOQ2_0] = { turboq8_g16_fa_kq_dot, turboq8_g16_fa_v_mad, turboq8_g16_decode_row },
 };
 
 ggml_vec_dot_t ggml_turboq_fa_kq_dot(enum ggml_type k_type) {

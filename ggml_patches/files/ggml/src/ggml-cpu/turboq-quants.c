@@ -36,6 +36,10 @@ TURBOQ_DEFINE_QUANTIZE_ROW(2, _g32, GGML_TYPE_TURBOQ2_G32)
 TURBOQ_DEFINE_QUANTIZE_ROW(3, _g32, GGML_TYPE_TURBOQ3_G32)
 TURBOQ_DEFINE_QUANTIZE_ROW(4, _g32, GGML_TYPE_TURBOQ4_G32)
 TURBOQ_DEFINE_QUANTIZE_ROW(8, _g32, GGML_TYPE_TURBOQ8_G32)
+TURBOQ_DEFINE_QUANTIZE_ROW(2, _g16, GGML_TYPE_TURBOQ2_G16)
+TURBOQ_DEFINE_QUANTIZE_ROW(3, _g16, GGML_TYPE_TURBOQ3_G16)
+TURBOQ_DEFINE_QUANTIZE_ROW(4, _g16, GGML_TYPE_TURBOQ4_G16)
+TURBOQ_DEFINE_QUANTIZE_ROW(8, _g16, GGML_TYPE_TURBOQ8_G16)
 
 void ggml_turboq_cpu_rotate(enum ggml_type type, float * x, int64_t n) {
     const struct turboq_encode_steps * st = turboq_steps_for(type, &turboq_cpu_steps);
@@ -70,9 +74,13 @@ static void turboq_fa_rotate_q_g32(const float * GGML_RESTRICT x, void * GGML_RE
     memcpy(y, x, n*sizeof(float));
     ggml_turboq_cpu_rotate(GGML_TYPE_TURBOQ2_G32, (float *) y, n);
 }
+static void turboq_fa_rotate_q_g16(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t n) {
+    memcpy(y, x, n*sizeof(float));
+    ggml_turboq_cpu_rotate(GGML_TYPE_TURBOQ2_G16, (float *) y, n);
+}
 
 ggml_from_float_t ggml_turboq_fa_rotate_q(enum ggml_type k_type) {
     const int g = ggml_turboq_group(k_type);
     return g == TURBOQ_GROUP ? turboq_fa_rotate_q : g == QK_TURBOQ_G64 ? turboq_fa_rotate_q_g64
-         : g == QK_TURBOQ_G32 ? turboq_fa_rotate_q_g32 : NULL;
+         : g == QK_TURBOQ_G32 ? turboq_fa_rotate_q_g32 : g == QK_TURBOQ_G16 ? turboq_fa_rotate_q_g16 : NULL;
 }

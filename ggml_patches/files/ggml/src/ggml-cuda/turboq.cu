@@ -54,8 +54,9 @@ static bool tq_twins_enabled() {
     return on;
 }
 
+// The _g16 twins (head size 80) have no kernels here: one warp holds at least one 32-value group.
 bool ggml_cuda_turboq_type(const ggml_type type) {
-    return ggml_is_turboq(type) || (ggml_turboq_group(type) != 0 && tq_twins_enabled());
+    return ggml_is_turboq(type) || (ggml_turboq_group(type) >= 32 && tq_twins_enabled());
 }
 
 template <ggml_type type, typename src_t, typename idx_t>

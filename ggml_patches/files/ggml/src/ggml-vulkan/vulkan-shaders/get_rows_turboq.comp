@@ -1,6 +1,6 @@
 #version 450
 
-// GET_ROWS from a turboq tensor: one invocation decodes one block, 128, 64 or 32 values (the inverse
+// GET_ROWS from a turboq tensor: one invocation decodes one block, 128, 64, 32 or 16 values (the inverse
 // rotation needs the whole group), into f32 or f16.
 
 #include "types.glsl"

@@ -20,6 +20,9 @@ float turboq_centroid(const uint type, const uint q) {
         case GGML_TYPE_TURBOQ2_G32: return turboq2_g32_centroids[q];
         case GGML_TYPE_TURBOQ3_G32: return turboq3_g32_centroids[q];
         case GGML_TYPE_TURBOQ4_G32: return turboq4_g32_centroids[q];
+        case GGML_TYPE_TURBOQ2_G16: return turboq2_g16_centroids[q];
+        case GGML_TYPE_TURBOQ3_G16: return turboq3_g16_centroids[q];
+        case GGML_TYPE_TURBOQ4_G16: return turboq4_g16_centroids[q];
         default:                    return turboq8_centroids[q];
     }
 }
@@ -36,14 +39,18 @@ uint turboq_threshold_index(const uint type, const float v) {
         case GGML_TYPE_TURBOQ4_G64: for (uint k = 0; k < 15; ++k) q += turboq4_g64_thresholds[k] < v ? 1 : 0; break;
         case GGML_TYPE_TURBOQ2_G32: for (uint k = 0; k < 3;  ++k) q += turboq2_g32_thresholds[k] < v ? 1 : 0; break;
         case GGML_TYPE_TURBOQ3_G32: for (uint k = 0; k < 7;  ++k) q += turboq3_g32_thresholds[k] < v ? 1 : 0; break;
-        default:                    for (uint k = 0; k < 15; ++k) q += turboq4_g32_thresholds[k] < v ? 1 : 0; break;
+        case GGML_TYPE_TURBOQ4_G32: for (uint k = 0; k < 15; ++k) q += turboq4_g32_thresholds[k] < v ? 1 : 0; break;
+        case GGML_TYPE_TURBOQ2_G16: for (uint k = 0; k < 3;  ++k) q += turboq2_g16_thresholds[k] < v ? 1 : 0; break;
+        case GGML_TYPE_TURBOQ3_G16: for (uint k = 0; k < 7;  ++k) q += turboq3_g16_thresholds[k] < v ? 1 : 0; break;
+        default:                    for (uint k = 0; k < 15; ++k) q += turboq4_g16_thresholds[k] < v ? 1 : 0; break;
     }
     return q;
 }
 
 // 1/sqrt(g) for a group of g values
 float turboq_inv_sqrt_group(const uint g) {
-    return g == TURBOQ_G64_GROUP ? TURBOQ_G64_INV_SQRT_GROUP : g == TURBOQ_G32_GROUP ? TURBOQ_G32_INV_SQRT_GROUP : TURBOQ_INV_SQRT_GROUP;
+    return g == TURBOQ_G64_GROUP ? TURBOQ_G64_INV_SQRT_GROUP : g == TURBOQ_G32_GROUP ? TURBOQ_G32_INV_SQRT_GROUP
+         : g == TURBOQ_G16_GROUP ? TURBOQ_G16_INV_SQRT_GROUP : TURBOQ_INV_SQRT_GROUP;
 }
 
 // unnormalised Walsh-Hadamard butterflies on the first g values, h = 1..g/2 as in the C code
@@ -113,7 +120,7 @@ float turboq_encode(const uint type, inout float v[128], out uint idx[128]) {
         v[i] = y * TQ_SIGN2(i);
     }
 
-    if (type == GGML_TYPE_TURBOQ8_0 || type == GGML_TYPE_TURBOQ8_G64 || type == GGML_TYPE_TURBOQ8_G32) {
+    if (type == GGML_TYPE_TURBOQ8_0 || type == GGML_TYPE_TURBOQ8_G64 || type == GGML_TYPE_TURBOQ8_G32 || type == GGML_TYPE_TURBOQ8_G16) {
         float ya = 0.0;
         for (uint i = 0; i < g; ++i) ya = max(ya, abs(v[i]));
         const float s = 127.5 / ya;

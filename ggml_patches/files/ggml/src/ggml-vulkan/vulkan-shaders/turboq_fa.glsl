@@ -28,6 +28,14 @@ layout (binding = 1) readonly buffer K_PACKED_TURBOQ4_G32 { block_turboq4_g32 da
 layout (binding = 2) readonly buffer V_PACKED_TURBOQ4_G32 { block_turboq4_g32 data[]; } v_packed_turboq4_g32;
 layout (binding = 1) readonly buffer K_PACKED_TURBOQ8_G32 { block_turboq8_g32 data[]; } k_packed_turboq8_g32;
 layout (binding = 2) readonly buffer V_PACKED_TURBOQ8_G32 { block_turboq8_g32 data[]; } v_packed_turboq8_g32;
+layout (binding = 1) readonly buffer K_PACKED_TURBOQ2_G16 { block_turboq2_g16 data[]; } k_packed_turboq2_g16;
+layout (binding = 2) readonly buffer V_PACKED_TURBOQ2_G16 { block_turboq2_g16 data[]; } v_packed_turboq2_g16;
+layout (binding = 1) readonly buffer K_PACKED_TURBOQ3_G16 { block_turboq3_g16 data[]; } k_packed_turboq3_g16;
+layout (binding = 2) readonly buffer V_PACKED_TURBOQ3_G16 { block_turboq3_g16 data[]; } v_packed_turboq3_g16;
+layout (binding = 1) readonly buffer K_PACKED_TURBOQ4_G16 { block_turboq4_g16 data[]; } k_packed_turboq4_g16;
+layout (binding = 2) readonly buffer V_PACKED_TURBOQ4_G16 { block_turboq4_g16 data[]; } v_packed_turboq4_g16;
+layout (binding = 1) readonly buffer K_PACKED_TURBOQ8_G16 { block_turboq8_g16 data[]; } k_packed_turboq8_g16;
+layout (binding = 2) readonly buffer V_PACKED_TURBOQ8_G16 { block_turboq8_g16 data[]; } v_packed_turboq8_g16;
 
 #define FA_DEQUANT4_TURBOQ(BUF, IDX, LEVELS) {                                                    \
     const FLOAT_TYPE n = FLOAT_TYPE(BUF.data[a_offset + ib].norm);                                \
@@ -50,4 +58,8 @@ layout (binding = 2) readonly buffer V_PACKED_TURBOQ8_G32 { block_turboq8_g32 da
     case GGML_TYPE_TURBOQ2_G32: FA_DEQUANT4_TURBOQ(kv##_packed_turboq2_g32, TQ_IDX_TURBOQ2_G32, turboq2_g32_centroids) \
     case GGML_TYPE_TURBOQ3_G32: FA_DEQUANT4_TURBOQ(kv##_packed_turboq3_g32, TQ_IDX_TURBOQ3_G32, turboq3_g32_centroids) \
     case GGML_TYPE_TURBOQ4_G32: FA_DEQUANT4_TURBOQ(kv##_packed_turboq4_g32, TQ_IDX_TURBOQ4_G32, turboq4_g32_centroids) \
-    case GGML_TYPE_TURBOQ8_G32: FA_DEQUANT4_TURBOQ(kv##_packed_turboq8_g32, TQ_IDX_TURBOQ8_G32, turboq8_centroids)
+    case GGML_TYPE_TURBOQ8_G32: FA_DEQUANT4_TURBOQ(kv##_packed_turboq8_g32, TQ_IDX_TURBOQ8_G32, turboq8_centroids)     \
+    case GGML_TYPE_TURBOQ2_G16: FA_DEQUANT4_TURBOQ(kv##_packed_turboq2_g16, TQ_IDX_TURBOQ2_G16, turboq2_g16_centroids) \
+    case GGML_TYPE_TURBOQ3_G16: FA_DEQUANT4_TURBOQ(kv##_packed_turboq3_g16, TQ_IDX_TURBOQ3_G16, turboq3_g16_centroids) \
+    case GGML_TYPE_TURBOQ4_G16: FA_DEQUANT4_TURBOQ(kv##_packed_turboq4_g16, TQ_IDX_TURBOQ4_G16, turboq4_g16_centroids) \
+    case GGML_TYPE_TURBOQ8_G16: FA_DEQUANT4_TURBOQ(kv##_packed_turboq8_g16, TQ_IDX_TURBOQ8_G16, turboq8_centroids)

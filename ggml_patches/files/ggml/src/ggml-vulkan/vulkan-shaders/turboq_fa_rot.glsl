@@ -1,6 +1,6 @@
 // The rotations around the scalar flash-attention loop for turboq K/V (included by flash_attn.comp
 // before main). q.k = norm_k * (R q).c_k with R q = D2.H.D1.q/sqrt(g), and
-// sum_j p_j v_j = R^-1 (sum_j p_j norm_j c_j), both per group of a row (128 values, 64 or 32 for
+// sum_j p_j v_j = R^-1 (sum_j p_j norm_j c_j), both per group of a row (128 values, 64, 32 or 16 for
 // the twins: K's group for Q, V's for the sum).
 // The staging buffer is f32: the unnormalised V sum would overflow f16 inside the butterflies.
 
@@ -11,7 +11,7 @@ const bool TQ_V = FaTypeV >= GGML_TYPE_TURBOQ2_0;
 const uint32_t tq_row_len = HSK > HSV ? HSK : HSV;
 shared float tq_sh[FaTypeK >= GGML_TYPE_TURBOQ2_0 ? Br * tq_row_len : (FaTypeV >= GGML_TYPE_TURBOQ2_0 ? Br * tq_row_len : 1)];
 
-// Rotates (forward) or rotates back every g-group (128, 64 or 32) of the first n floats of tq_sh.
+// Rotates (forward) or rotates back every g-group (128, 64, 32 or 16) of the first n floats of tq_sh.
 void tq_sh_rotate(const uint n, const uint g, const bool forward) {
     const uint tid = gl_LocalInvocationIndex;
     const uint half_g = g / 2u;

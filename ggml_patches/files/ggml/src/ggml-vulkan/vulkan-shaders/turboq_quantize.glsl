@@ -1,5 +1,5 @@
 // quantize() for copy_to_quant.comp (SET_ROWS and CPY f32 -> turboq): one invocation per block
-// (128 values, or 64 and 32 for the _g64 and _g32 twins).
+// (128 values, or 64, 32 and 16 for the _g64, _g32 and _g16 twins).
 #if defined(DATA_A_TURBOQ)
 #include "turboq.glsl"
 
@@ -12,11 +12,11 @@ void quantize(uint dst_idx, uint src_idx) {
     const float norm = turboq_encode(TQ_TYPE, v, idx);
     data_q[dst_idx].norm = float16_t(norm);
 
-    // The layouts of ggml-common.h, the same in terms of the group G (128, or 64 and 32 for the twins):
+    // The layouts of ggml-common.h, the same in terms of the group G (128, or 64, 32 and 16 for the twins):
     // 2-bit fields qs byte i = values i, i+G/4, i+G/2, i+3G/4; turboq3's qh byte i, bit k = bit 2
     // of value i + k*G/8; turboq4's qs byte i = value i (low nibble) and i+G/2; turboq8 a byte each.
 #if defined(DATA_A_TURBOQ2_0) || defined(DATA_A_TURBOQ3_0) || defined(DATA_A_TURBOQ2_G64) || defined(DATA_A_TURBOQ3_G64) || \
-    defined(DATA_A_TURBOQ2_G32) || defined(DATA_A_TURBOQ3_G32)
+    defined(DATA_A_TURBOQ2_G32) || defined(DATA_A_TURBOQ3_G32) || defined(DATA_A_TURBOQ2_G16) || defined(DATA_A_TURBOQ3_G16)
     const uint q4 = TQ_G / 4;
     for (uint w = 0; w < TQ_G / 8; ++w) {
         uint word = 0;
@@ -28,7 +28,7 @@ void quantize(uint dst_idx, uint src_idx) {
         data_q[dst_idx].qs[w] = uint16_t(word);
     }
 #endif
-#if defined(DATA_A_TURBOQ3_0) || defined(DATA_A_TURBOQ3_G64) || defined(DATA_A_TURBOQ3_G32)
+#if defined(DATA_A_TURBOQ3_0) || defined(DATA_A_TURBOQ3_G64) || defined(DATA_A_TURBOQ3_G32) || defined(DATA_A_TURBOQ3_G16)
     const uint q8 = TQ_G / 8;
     for (uint w = 0; w < TQ_G / 16; ++w) {
         uint word = 0;
@@ -46,7 +46,7 @@ void quantize(uint dst_idx, uint src_idx) {
 #if defined(DATA_A_TURBOQ4_0)
     data_q[dst_idx].rnorm = float16_t(0.0);
 #endif
-#if defined(DATA_A_TURBOQ4_0) || defined(DATA_A_TURBOQ4_G64) || defined(DATA_A_TURBOQ4_G32)
+#if defined(DATA_A_TURBOQ4_0) || defined(DATA_A_TURBOQ4_G64) || defined(DATA_A_TURBOQ4_G32) || defined(DATA_A_TURBOQ4_G16)
     for (uint w = 0; w < TQ_G / 4; ++w) {
         uint word = 0;
         for (uint b = 0; b < 2; ++b) {
@@ -56,7 +56,7 @@ void quantize(uint dst_idx, uint src_idx) {
         data_q[dst_idx].qs[w] = uint16_t(word);
     }
 #endif
-#if defined(DATA_A_TURBOQ8_0) || defined(DATA_A_TURBOQ8_G64) || defined(DATA_A_TURBOQ8_G32)
+#if defined(DATA_A_TURBOQ8_0) || defined(DATA_A_TURBOQ8_G64) || defined(DATA_A_TURBOQ8_G32) || defined(DATA_A_TURBOQ8_G16)
     for (uint w = 0; w < TQ_G / 2; ++w) {
         data_q[dst_idx].qs[w] = uint16_t(idx[2 * w] | (idx[2 * w + 1] << 8));
     }

@@ -9,6 +9,8 @@ const uint TURBOQ_G64_GROUP = 64u;
 const float TURBOQ_G64_INV_SQRT_GROUP = 1.250000000e-01;
 const uint TURBOQ_G32_GROUP = 32u;
 const float TURBOQ_G32_INV_SQRT_GROUP = 1.767766923e-01;
+const uint TURBOQ_G16_GROUP = 16u;
+const float TURBOQ_G16_INV_SQRT_GROUP = 2.500000000e-01;
 
 const uint turboq_sign1_bits[4] = uint[4](0xa18199b6u, 0x34cdc659u, 0x7bfc3f9au, 0xfe5d5510u);
 const uint turboq_sign2_bits[4] = uint[4](0x4e7f599eu, 0x751df52au, 0x482f0a7du, 0x8996c6cfu);
@@ -159,6 +161,33 @@ const float turboq4_g32_thresholds[15] = float[15](
     -1.384269148e-01, -9.067475796e-02, -4.488489032e-02, 0.000000000e+00,
     4.488489032e-02, 9.067475796e-02, 1.384269148e-01, 1.895765662e-01,
     2.463999391e-01, 3.132661581e-01, 4.016948640e-01
+);
+// the _g16 types: the first 16 signs above, their own Lloyd-Max tables, turboq8's grid
+const float turboq2_g16_centroids[4] = float[4](
+    -3.672074676e-01, -1.124896929e-01, 1.124896929e-01, 3.672074676e-01
+);
+const float turboq2_g16_thresholds[3] = float[3](
+    -2.398485839e-01, 0.000000000e+00, 2.398485839e-01
+);
+const float turboq3_g16_centroids[8] = float[8](
+    -4.992036521e-01, -3.217478693e-01, -1.836827695e-01, -5.992350727e-02,
+    5.992350727e-02, 1.836827695e-01, 3.217478693e-01, 4.992036521e-01
+);
+const float turboq3_g16_thresholds[7] = float[7](
+    -4.104757607e-01, -2.527153194e-01, -1.218031347e-01, 0.000000000e+00,
+    1.218031347e-01, 2.527153194e-01, 4.104757607e-01
+);
+const float turboq4_g16_centroids[16] = float[16](
+    -6.039070487e-01, -4.742973745e-01, -3.785649836e-01, -2.978177965e-01,
+    -2.254079878e-01, -1.580401063e-01, -9.372586012e-02, -3.106692992e-02,
+    3.106692992e-02, 9.372586012e-02, 1.580401063e-01, 2.254079878e-01,
+    2.978177965e-01, 3.785649836e-01, 4.742973745e-01, 6.039070487e-01
+);
+const float turboq4_g16_thresholds[15] = float[15](
+    -5.391021967e-01, -4.264311790e-01, -3.381913900e-01, -2.616128922e-01,
+    -1.917240471e-01, -1.258829832e-01, -6.239639595e-02, 0.000000000e+00,
+    6.239639595e-02, 1.258829832e-01, 1.917240471e-01, 2.616128922e-01,
+    3.381913900e-01, 4.264311790e-01, 5.391021967e-01
 );
 
 #endif

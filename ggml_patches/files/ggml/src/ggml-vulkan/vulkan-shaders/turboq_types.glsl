@@ -1,5 +1,5 @@
 // TurboQuant (pyturbo) block layouts for the Vulkan shaders; included by types.glsl.
-// The blocks are 34/50/68/130 bytes (18/26/34/66 for the _g64 twins, 10/14/18/34 for the _g32 ones), so they are declared as
+// The blocks are 34/50/68/130 bytes (18/26/34/66 for the _g64 twins, 10/14/18/34 for the _g32 ones, 6/8/10/18 for the _g16 ones), so they are declared as
 // 16-bit words: every field stays addressable with 16-bit storage alone. The layouts and the codec are those of
 // ggml-common.h and ggml-turboq.c.
 #if !defined(GGML_TURBOQ_TYPES_GLSL)
@@ -18,13 +18,18 @@
 #define GGML_TYPE_TURBOQ3_G32 69u
 #define GGML_TYPE_TURBOQ4_G32 70u
 #define GGML_TYPE_TURBOQ8_G32 71u
-#define TURBOQ_IS(t) ((t) >= GGML_TYPE_TURBOQ2_0 && (t) <= GGML_TYPE_TURBOQ8_G32)
+#define GGML_TYPE_TURBOQ2_G16 72u
+#define GGML_TYPE_TURBOQ3_G16 73u
+#define GGML_TYPE_TURBOQ4_G16 74u
+#define GGML_TYPE_TURBOQ8_G16 75u
+#define TURBOQ_IS(t) ((t) >= GGML_TYPE_TURBOQ2_0 && (t) <= GGML_TYPE_TURBOQ8_G16)
 // the group (rotation and block) size of a turboq type
-#define TURBOQ_GROUP_OF(t) ((t) >= GGML_TYPE_TURBOQ2_G32 ? 32u : (t) >= GGML_TYPE_TURBOQ2_G64 ? 64u : 128u)
+#define TURBOQ_GROUP_OF(t) ((t) >= GGML_TYPE_TURBOQ2_G16 ? 16u : (t) >= GGML_TYPE_TURBOQ2_G32 ? 32u : (t) >= GGML_TYPE_TURBOQ2_G64 ? 64u : 128u)
 
 #define QUANT_K_TURBOQ 128
 #define QUANT_K_TURBOQ_G64 64
 #define QUANT_K_TURBOQ_G32 32
+#define QUANT_K_TURBOQ_G16 16
 
 // qs byte i: 2-bit indices of values i, i+32, i+64, i+96
 struct block_turboq2_0 { float16_t norm; uint16_t qs[16]; };
@@ -38,7 +43,7 @@ struct block_turboq8_0 { float16_t norm; uint16_t qs[64]; };
 // byte j of a 16-bit word array
 #define TQ_BYTE(W, j) ((uint(W[(j) >> 1u]) >> (((j) & 1u) * 8u)) & 0xFFu)
 
-// the codebook index of value i of block B of a group of G values (128, or 64 and 32 for the twins):
+// the codebook index of value i of block B of a group of G values (128, or 64, 32 and 16 for the twins):
 // 2-bit fields qs byte i = values i, i+G/4, i+G/2, i+3G/4; turboq3's qh byte i, bit k = bit 2 of
 // value i + k*G/8; turboq4's qs byte i = value i (low nibble) and i+G/2
 #define TQ_IDX2_G(B, i, G) ((TQ_BYTE(B.qs, (i) % ((G) / 4u)) >> (((i) / ((G) / 4u)) * 2u)) & 3u)
@@ -71,6 +76,17 @@ struct block_turboq8_g32 { float16_t norm; uint16_t qs[16]; };
 #define TQ_IDX_TURBOQ3_G32(B, i) TQ_IDX3_G(B, i, 32u)
 #define TQ_IDX_TURBOQ4_G32(B, i) TQ_IDX4_G(B, i, 32u)
 #define TQ_IDX_TURBOQ8_G32(B, i) TQ_BYTE(B.qs, (i))
+
+// the _g16 twins: the same with 16 for 128
+struct block_turboq2_g16 { float16_t norm; uint16_t qs[2]; };
+struct block_turboq3_g16 { float16_t norm; uint16_t qs[2]; uint16_t qh[1]; };
+struct block_turboq4_g16 { float16_t norm; uint16_t qs[4]; };
+struct block_turboq8_g16 { float16_t norm; uint16_t qs[8]; };
+
+#define TQ_IDX_TURBOQ2_G16(B, i) TQ_IDX2_G(B, i, 16u)
+#define TQ_IDX_TURBOQ3_G16(B, i) TQ_IDX3_G(B, i, 16u)
+#define TQ_IDX_TURBOQ4_G16(B, i) TQ_IDX4_G(B, i, 16u)
+#define TQ_IDX_TURBOQ8_G16(B, i) TQ_BYTE(B.qs, (i))
 
 #if defined(DATA_A_TURBOQ2_0)
 #define TQ_TYPE GGML_TYPE_TURBOQ2_0
@@ -132,6 +148,26 @@ struct block_turboq8_g32 { float16_t norm; uint16_t qs[16]; };
 #define A_TYPE block_turboq8_g32
 #define TQ_IDX TQ_IDX_TURBOQ8_G32
 #define QUANT_K QUANT_K_TURBOQ_G32
+#elif defined(DATA_A_TURBOQ2_G16)
+#define TQ_TYPE GGML_TYPE_TURBOQ2_G16
+#define A_TYPE block_turboq2_g16
+#define TQ_IDX TQ_IDX_TURBOQ2_G16
+#define QUANT_K QUANT_K_TURBOQ_G16
+#elif defined(DATA_A_TURBOQ3_G16)
+#define TQ_TYPE GGML_TYPE_TURBOQ3_G16
+#define A_TYPE block_turboq3_g16
+#define TQ_IDX TQ_IDX_TURBOQ3_G16
+#define QUANT_K QUANT_K_TURBOQ_G16
+#elif defined(DATA_A_TURBOQ4_G16)
+#define TQ_TYPE GGML_TYPE_TURBOQ4_G16
+#define A_TYPE block_turboq4_g16
+#define TQ_IDX TQ_IDX_TURBOQ4_G16
+#define QUANT_K QUANT_K_TURBOQ_G16
+#elif defined(DATA_A_TURBOQ8_G16)
+#define TQ_TYPE GGML_TYPE_TURBOQ8_G16
+#define A_TYPE block_turboq8_g16
+#define TQ_IDX TQ_IDX_TURBOQ8_G16
+#define QUANT_K QUANT_K_TURBOQ_G16
 #endif
 #if defined(TQ_TYPE)
 #define DATA_A_TURBOQ

@@ -1,7 +1,7 @@
 #pragma once
 
 // x86 kernels for the turboq CPU paths (AVX2 + FMA; AVX-512F for whole-row decoding), for the
-// 128-value types and their _g64 and _g32 twins, included by
+// 128-value types and their _g64, _g32 and _g16 twins, included by
 // ggml-cpu/turboq-cpu.c (through turboq-kernels.h), which has the generic versions and the contract
 // of each primitive. The quantizer (and the rotations of flash attention: Q, the V sum, the exact
 // window's rows) takes the AVX2 encoder steps below for 128-value groups, the generic steps of
@@ -268,13 +268,64 @@ TURBOQ8_DECODE(turboq8_g64, turboq8_g64, QK_TURBOQ_G64)
 TURBOQ4_DECODE(turboq4_g32, turboq4_g32, QK_TURBOQ_G32, turboq4_g32_centroids)
 TURBOQ8_DECODE(turboq8_g32, turboq8_g32, QK_TURBOQ_G32)
 
+// The _g16 twins (head size 80): two registers a block. turboq2/3's value i + 4k is qs[i] >> 2k,
+// so lane l of register r (value 8r + l) reads qs[l % 4] shifted by 4r + 2(l / 4); turboq3's high
+// bit of value j is qh[j % 2] bit j / 2, so that lane reads qh[l % 2] shifted by 4r + l / 2.
+#define TURBOQ_ARCH_DECODE_G16 1
+
+static inline float turboq2_g16_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq2_g16 * b = (const block_turboq2_g16 *) vb;
+    const __m256 lut = _mm256_setr_ps(turboq2_g16_centroids[0], turboq2_g16_centroids[1], turboq2_g16_centroids[2], turboq2_g16_centroids[3],
+                                      turboq2_g16_centroids[0], turboq2_g16_centroids[1], turboq2_g16_centroids[2], turboq2_g16_centroids[3]);
+    const __m256i three = _mm256_set1_epi32(3);
+    uint32_t qs;
+    memcpy(&qs, b->qs, sizeof(qs));
+    const __m256i q = _mm256_cvtepu8_epi32(_mm_set1_epi32((int) qs));  // qs[l % 4]
+    const __m256i shift = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+    for (int r = 0; r < 2; ++r) {
+        const __m256i ir = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_add_epi32(shift, _mm256_set1_epi32(4*r))), three);
+        _mm256_storeu_ps(out + 8*r, _mm256_permutevar8x32_ps(lut, ir));
+    }
+    return turboq_block_norm(vb);
+}
+
+static inline float turboq3_g16_decode(const void * vb, float * GGML_RESTRICT out) {
+    const block_turboq3_g16 * b = (const block_turboq3_g16 *) vb;
+    const __m256 lut = _mm256_loadu_ps(turboq3_g16_centroids);
+    const __m256i three = _mm256_set1_epi32(3);
+    const __m256i one   = _mm256_set1_epi32(1);
+    uint32_t qs;
+    uint16_t qh;
+    memcpy(&qs, b->qs, sizeof(qs));
+    memcpy(&qh, b->qh, sizeof(qh));
+    const __m256i q = _mm256_cvtepu8_epi32(_mm_set1_epi32((int) qs));      // qs[l % 4]
+    const __m256i h = _mm256_cvtepu8_epi32(_mm_set1_epi16((short) qh));    // qh[l % 2]
+    const __m256i shift_lo = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+    const __m256i shift_hi = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    for (int r = 0; r < 2; ++r) {
+        const __m256i off = _mm256_set1_epi32(4*r);
+        const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_add_epi32(shift_lo, off)), three);
+        const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(h, _mm256_add_epi32(shift_hi, off)), one);
+        _mm256_storeu_ps(out + 8*r, _mm256_permutevar8x32_ps(lut, _mm256_or_si256(lo, _mm256_slli_epi32(hi, 2))));
+    }
+    return turboq_block_norm(vb);
+}
+
+TURBOQ4_DECODE(turboq4_g16, turboq4_g16, QK_TURBOQ_G16, turboq4_g16_centroids)
+TURBOQ8_DECODE(turboq8_g16, turboq8_g16, QK_TURBOQ_G16)
+
 static inline float turboq_dot(const float * GGML_RESTRICT a, const float * GGML_RESTRICT b, int n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-    for (int i = 0; i < n; i += 32) {
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i +  0), _mm256_loadu_ps(b + i +  0), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i +  8), _mm256_loadu_ps(b + i +  8), acc1);
         acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
         acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+    }
+    if (i < n) { // the 16 values of a _g16 block
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 0), _mm256_loadu_ps(b + i + 0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
     }
     const __m256 acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
