@@ -19,8 +19,8 @@ def gemma(build_info):
 
 
 @pytest.fixture(scope="session")
-def tiny80(build_info):
-    return data.tiny_model(head_dim=80)  # turboq refuses it: not a multiple of 32
+def tiny72(build_info):
+    return data.tiny_model(head_dim=72)  # turboq refuses it: not a multiple of 16
 
 
 @pytest.fixture(scope="session")
@@ -168,16 +168,16 @@ def test_flash_attention_off_with_turboq_k_is_an_error(tiny128, short_text):
     assert "requires flash_attn" in r.stderr + r.stdout
 
 
-def test_head_dim_80_is_refused_with_its_head_dim(tiny80, short_text):
-    """The refusal names the head size, the layer, why (128-, 64- or 32-value groups) and what works (issue 22)."""
-    r = run_tool("llama-perplexity", "-m", str(tiny80), "-f", str(short_text), "-c", "128",
+def test_head_dim_72_is_refused_with_its_head_dim(tiny72, short_text):
+    """The refusal names the head size, the layer, why (128-, 64-, 32- or 16-value groups) and what works (issue 22)."""
+    r = run_tool("llama-perplexity", "-m", str(tiny72), "-f", str(short_text), "-c", "128",
                  "-ctk", "turboq3", "-ctv", "turboq3", check=False)
     assert r.returncode > 0
     out = r.stderr + r.stdout
-    assert "n_embd_head_k=80" in out
-    assert "layer 0: K cache turboq3: turboq types rotate and store groups of 128 values, or of 64 or 32" in out
-    assert "this model's is 80; caches that work with it: f16" in out
-    ok = run_tool("llama-perplexity", "-m", str(tiny80), "-f", str(short_text), "-c", "128", "--chunks", "1",
+    assert "n_embd_head_k=72" in out
+    assert "layer 0: K cache turboq3: turboq types rotate and store groups of 128 values, or of 64, 32 or 16" in out
+    assert "this model's is 72; caches that work with it: f16" in out
+    ok = run_tool("llama-perplexity", "-m", str(tiny72), "-f", str(short_text), "-c", "128", "--chunks", "1",
                   "-ctk", "f16", "-ctv", "f16", "-fa", "on")
     assert "Final estimate" in ok.stdout + ok.stderr  # what the message names does work
 
@@ -310,7 +310,7 @@ def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):
 BAD_INPUT = [
     (("-fa", "off", "-ctk", "turboq3", "-ctv", "f16"), "requires flash_attn"),
     (("-ctk", "turboq5"), "turboq5"),
-    (("-ctk", "turboq3", "-ctv", "turboq3", "--model-80"), "n_embd_head_k=80"),
+    (("-ctk", "turboq3", "-ctv", "turboq3", "--model-72"), "n_embd_head_k=72"),
 ]
 # how each tool is run once its bad input is given: quickly, and never waiting for a terminal
 TOOL_ARGS = {
@@ -323,12 +323,12 @@ TOOL_ARGS = {
 
 @pytest.mark.parametrize("tool", list(TOOL_ARGS))
 @pytest.mark.parametrize("args,message", BAD_INPUT)
-def test_error_message_reaches_the_user_every_time(tiny128, tiny80, short_text, tool, args, message):
+def test_error_message_reaches_the_user_every_time(tiny128, tiny72, short_text, tool, args, message):
     """The log is written by a worker thread; an error exit used to lose its message about 1 run
     in 10 with piped output (patch 3 drains the log at exit), and llama-bench dropped llama.cpp's
     errors altogether (patch 5). Every tool we ship, 20 runs each, the message every time."""
-    model = tiny80 if "--model-80" in args else tiny128
-    args = tuple(a for a in args if a != "--model-80")
+    model = tiny72 if "--model-72" in args else tiny128
+    args = tuple(a for a in args if a != "--model-72")
     if tool == "llama-bench":
         args = tuple("1" if a == "on" else "0" if a == "off" else a for a in args)
     missing = 0
