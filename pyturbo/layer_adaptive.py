@@ -5,7 +5,9 @@ llama_turboq_boundary_from_gains applies its selection rule to K gains that Pyth
 (from a GGUF, or a transformers model), so Python keeps no copy of either that could drift. A mode is a setting of the model, the GGUF key
 `key()` ("turboq.layer_adaptive"): llama.cpp's tools set it with `--layer-adaptive N` (or its
 environment alias TURBO_LAYER_ADAPTIVE), llama-cpp-python with `kv_overrides`, and
-pyturbo.Llama with `layer_adaptive=N`.
+pyturbo.Llama with `layer_adaptive=N`. On a head size that q8_0's 32-value blocks do not divide
+(80), a mode's q8_0 is turboq8 in the twin the head size calls for (stored_type, from libllama's
+llama_turboq_mode_type_for_head).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ._paths import lib_dir, library, library_file
-from .types import CACHE_TYPES
+from .types import CACHE_TYPES, TWIN_TYPES, CacheType, cache_type, layer_cache_type
 
 
 @dataclass(frozen=True)
@@ -114,3 +116,23 @@ def layer_cache_types(mode: int, n_layer: int, type_k: str, type_v: str,
         return [(type_k, type_v)] * n_layer
     p = policies()[check_mode(mode)]
     return [p.types(b, type_k, type_v) for b in boundary_layers(mode, n_layer, k_gains)]
+
+
+@lru_cache(maxsize=None)
+def _mode_type_for_head(ggml_id: int, head_dim: int) -> int:
+    fn = library("llama").llama_turboq_mode_type_for_head
+    fn.restype = C.c_int32
+    fn.argtypes = [C.c_int32, C.c_uint32]
+    return int(fn(ggml_id, head_dim))
+
+
+def stored_type(name: str, requested: str, head_dim: int) -> CacheType:
+    """The type a layer of this head size stores for `name`, the mode's type where `requested` was
+    asked for: the requested type fitted as pyturbo.types.layer_cache_type fits it, a type the mode
+    chose by libllama's rule (llama_turboq_mode_type_for_head: q8_0 where its blocks do not divide
+    the head size is turboq8, in the twin the head size calls for)."""
+    t = cache_type(name)
+    if t.name == cache_type(requested).name:
+        return layer_cache_type(t, head_dim)
+    by_id = {c.ggml_id: c for c in (*CACHE_TYPES.values(), *TWIN_TYPES.values())}
+    return by_id[_mode_type_for_head(t.ggml_id, head_dim)]

@@ -6,7 +6,8 @@ of min(n_ctx, n_swa * n_seq + n_ubatch) cells, padded the same way. Each layer s
 n_head_kv * head_dim values of K and of V per cell, in blocks of the cache type (for a turboq type,
 of its _g64 twin where the head size is a multiple of 64 but not of 128, of its _g32 twin where it
 is a multiple of 32 but not of 64, of its _g16 twin where it is a multiple of 16 but not of 32:
-pyturbo.types.layer_cache_type). An MLA model (DeepSeek-V2/V3:
+pyturbo.types.layer_cache_type; a layer-adaptive mode's q8_0 where 32 does not divide the head
+size: turboq8 in its twin, pyturbo.layer_adaptive.stored_type). An MLA model (DeepSeek-V2/V3:
 the GGUF has both MLA head lengths, key_length_mla and value_length_mla) caches K alone, in K's type; its attention reads V out of K's rows.
 """
 from __future__ import annotations
@@ -15,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import exact_window
-from .layer_adaptive import boundary_layers, policies
-from .types import layer_cache_type
+from .layer_adaptive import boundary_layers, policies, stored_type
 
 KV_PAD = 256
 # architectures whose sliding-window layers follow a fixed pattern: every n-th layer is global
@@ -99,8 +99,8 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     # for a bound, the layers with the most cells stand in for those of largest K gain
     boundary = boundary_layers(layer_adaptive, g.n_layer, cells if ranked else None)
 
-    def row_bytes(t: str, hd: int) -> int:
-        ct = layer_cache_type(t, hd)
+    def row_bytes(t: str, requested: str, hd: int) -> int:
+        ct = stored_type(t, requested, hd)
         return g.n_head_kv * hd // ct.block_size * ct.block_bytes
 
     total = 0
@@ -108,8 +108,9 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
         tk, tv = policy.types(boundary[il], cache_type_k, cache_type_v) if policy else (cache_type_k, cache_type_v)
         if ranked:
             # the boundary type may be smaller than the requested one: bound each by the larger
-            tk = max((tk, cache_type_k), key=lambda t: row_bytes(t, g.head_dim_k))
-        total += cells[il] * (row_bytes(tk, g.head_dim_k) + (0 if g.mla else row_bytes(tv, g.head_dim_v)))
+            tk = max((tk, cache_type_k), key=lambda t: row_bytes(t, cache_type_k, g.head_dim_k))
+        total += cells[il] * (row_bytes(tk, cache_type_k, g.head_dim_k) +
+                              (0 if g.mla else row_bytes(tv, cache_type_v, g.head_dim_v)))
     return total
 
 
@@ -128,6 +129,6 @@ def window_bytes(model: str | Path, cache_type_k: str, cache_type_v: str, layer_
     total = 0
     for il in range(g.n_layer):
         tk, tv = policy.types(boundary[il], cache_type_k, cache_type_v) if policy else (cache_type_k, cache_type_v)
-        if layer_cache_type(tk, g.head_dim_k).bpw < 16 or layer_cache_type(tv, g.head_dim_v).bpw < 16:
+        if stored_type(tk, cache_type_k, g.head_dim_k).bpw < 16 or stored_type(tv, cache_type_v, g.head_dim_v).bpw < 16:
             total += rows * g.n_head_kv * (g.head_dim_k + g.head_dim_v) * 2
     return total

@@ -21,6 +21,7 @@ from pyturbo import attention, codec, data
 from pyturbo.lab import reference
 from pyturbo.lab.codebook import lloyd_max
 from pyturbo.bench.cpu import config_bpw, parse_config
+from pyturbo.layer_adaptive import layer_cache_types, policies, stored_type
 from pyturbo.memory import kv_bytes, kv_geometry
 from pyturbo.tools import kv_mib, llama_perplexity as perplexity, run_tool
 from pyturbo.types import TURBOQ_G16_TYPES, TURBOQ_G32_TYPES, TURBOQ_G64_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type, \
@@ -298,20 +299,41 @@ def test_tiny_models_run_on_the_twins(tiny, short_text, head_dim, g):
     assert kv_mib(out) == pytest.approx(kv_bytes(tiny[head_dim], n_ctx, "turboq3", "turboq4") / 2**20, abs=0.011)
 
 
-@pytest.mark.parametrize("mode", [3, 5])
+# the types each mode stores on the tiny model's 2 layers at head size 80, turboq3 requested: a
+# mode's q8_0 (modes 1, 3, 7), whose 32-value blocks do not divide 80, is turboq8 in 16-value groups
+MODES_AT_80 = {
+    1: [("turboq8_g16", "turboq8_g16")] * 2,
+    3: None,  # one layer, by K gain: turboq8_g16 K there
+    5: [("turboq3_g16", "turboq4_g16")] * 2,
+    7: [("turboq3_g16", "turboq8_g16")] * 2,
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES_AT_80))
 def test_layer_adaptive_modes_at_head_size_80(tiny, short_text, mode):
-    # mode 3 keeps a q8_0 K on its boundary layer, which q8_0's 32-value blocks cannot store at
-    # head size 80: refused, naming the layer and the modes that work; mode 5 (turboq V types) runs
-    r = run_tool("llama-perplexity", "-m", str(tiny[80]), "-f", str(short_text), "-c", "128", "--chunks", "1",
+    model = tiny[80]
+    r = run_tool("llama-perplexity", "-m", str(model), "-f", str(short_text), "-c", "128", "--chunks", "1",
                  "-ctk", "turboq3", "-ctv", "turboq3", "--layer-adaptive", str(mode), "-lv", "4", check=False)
     out = r.stdout + r.stderr
-    if mode == 3:
-        assert r.returncode > 0
-        assert re.search(r"layer-adaptive: layer \d: K type q8_0 needs head_dim % 32 == 0, the model has "
-                         r"n_embd_head_k=80; modes 0, 5 and 6, whose boundary layers take turboq types, work", out), out[-2000:]
+    assert r.returncode == 0 and "Final estimate" in out, out[-2000:]
+    got = re.findall(rf"layer-adaptive mode {mode}: K (\S+), V (\S+)", out)
+    # pyturbo's mirror of the rule (pyturbo.layer_adaptive.stored_type) says the same per layer
+    from pyturbo.hf.cache import k_gains_from_gguf  # torch and transformers: only here
+
+    gains = k_gains_from_gguf(model) if policies()[mode].k_gain_div else None
+    mirror = [(stored_type(k, "turboq3", 80).name, stored_type(v, "turboq3", 80).name)
+              for k, v in layer_cache_types(mode, 2, "turboq3", "turboq3", gains)]
+    assert got == mirror
+    if MODES_AT_80[mode] is not None:
+        assert got == MODES_AT_80[mode]
     else:
-        assert r.returncode == 0 and "Final estimate" in out, out[-2000:]
-        assert re.findall(r"layer-adaptive mode 5: K (\S+), V (\S+)", out) == [("turboq3_g16", "turboq4_g16")] * 2
+        assert sorted(got) == [("turboq3_g16", "turboq3_g16"), ("turboq8_g16", "turboq3_g16")]
+    if mode != 5:
+        assert re.search(r"head size 80: the mode's [KV] q8_0 does not divide it; [KV] turboq8_g16", out), out[-2000:]
+    n_ctx = int(re.search(r"llama_context: n_ctx += (\d+)", out).group(1))
+    # mode 3's bound is exact here: both layers hold the same cells
+    assert kv_mib(out) == pytest.approx(kv_bytes(model, n_ctx, "turboq3", "turboq3", mode, upper_bound=True) / 2**20,
+                                        abs=0.011)
 
 
 def test_other_head_sizes_are_refused_with_their_head_size(tiny, short_text):

@@ -112,6 +112,26 @@ def test_head_dims_store_their_twins(rng, k_center, d, g, k_bytes, v_bytes):
     assert rel < 0.25
 
 
+@pytest.mark.parametrize("d,want", [(80, "turboq8_g16"), (64, "q8_0")])
+def test_a_modes_q8_0_at_head_size_80_is_turboq8(rng, d, want):
+    """A layer-adaptive mode's q8_0 K (turboq3 asked for) stores what llama.cpp stores: q8_0 where
+    its 32-value blocks divide the head size, turboq8 in 16-value groups at 80 (K-centered, as a
+    turboq K is); a q8_0 that the user asked for keeps its padding (llama.cpp refuses it at 80)."""
+    b, h, t = 1, 3, 4
+    k = torch.from_numpy((rng.standard_normal((b, h, t, d)) * 3 + 1).astype(np.float32))
+    layer = TurboQuantLayer("q8_0", "turboq3", requested=("turboq3", "turboq3"))
+    layer.update(k, k)
+    assert layer.k.type == want
+    assert layer.k_center == want.startswith("turboq")
+    if layer.k_center:
+        rows = k.transpose(1, 2).reshape(b, t, h * d).numpy()
+        rows = rows - rows.sum(axis=1, keepdims=True) * np.float32(1.0 / t)
+        np.testing.assert_array_equal(layer.keys.numpy().ravel(), reference.quantize(rows, want))
+    asked = TurboQuantLayer("q8_0", "turboq3")
+    asked.update(k, k)
+    assert asked.k.type == "q8_0"
+
+
 def test_other_head_sizes_pad_the_row_to_whole_blocks(rng):
     """Head size 72 (not a multiple of 16, which llama.cpp refuses for turboq): 2 KV heads -> rows
     of 144 values, padded with zeros to 256 (two 128-value blocks), the padding dropped on decoding."""

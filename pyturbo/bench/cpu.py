@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .. import data, exact_window
 from ..tools import llama_perplexity, run_tool
-from ..layer_adaptive import policies
+from ..layer_adaptive import policies, stored_type
 from ..memory import kv_geometry, window_bytes
 from ..types import layer_cache_type, requested_cache_type
 
@@ -85,8 +85,8 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
     def quantized(t: str, hd: int) -> bool:
         return layer_cache_type(t, hd).bpw < 16
 
-    def bpw(t: str, hd: int = head_dim_k, window: bool = False) -> float:
-        b = layer_cache_type(t, hd).bpw
+    def bpw(t: str, hd: int = head_dim_k, window: bool = False, requested: str | None = None) -> float:
+        b = stored_type(t, requested or t, hd).bpw
         return b + (16 - b) * tail / ctx + (ring if window else 0.0)
 
     window = quantized(k, head_dim_k) or quantized(v, head_dim_v)
@@ -95,7 +95,7 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
     policy = policies().get(mode)
     if policy is not None and policy.k_gain_div and policy.v_boundary is None and policy.v_other is None:
         n = max(1, model_layers // policy.k_gain_div)
-        bk = ((model_layers - n) * bk + n * bpw(policy.k_boundary or k, window=window)) / model_layers
+        bk = ((model_layers - n) * bk + n * bpw(policy.k_boundary or k, window=window, requested=k)) / model_layers
     elif mla and policy is not None and policy.k_boundary is None:
         return bk  # a mode that sets only V types: MLA caches no V, and every layer keeps K's type
     elif mode:

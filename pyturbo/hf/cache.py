@@ -35,7 +35,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
 
 from .. import layer_adaptive as la
-from ..types import layer_cache_type, requested_cache_type
+from ..types import requested_cache_type
 from . import torch_codec as tc
 
 CENTER_TOKENS = 512
@@ -50,9 +50,11 @@ def padded_row(name: str, n: int) -> int:
 class _Codec:
     """One side (K or V) of a layer: type, geometry, encode to / decode from stored rows."""
 
-    def __init__(self, type_name: str) -> None:
+    def __init__(self, type_name: str, requested: str | None = None) -> None:
         # a user's name (a _g64, _g32 or _g16 twin is picked per head size in init, as llama.cpp does)
         self.type = tc.check_type(requested_cache_type(type_name)).name
+        # what the user asked for where a layer-adaptive mode chose type_name
+        self.requested = self.type if requested is None else tc.check_type(requested_cache_type(requested)).name
         self.n_heads = 0
         self.head_dim = 0
 
@@ -63,7 +65,7 @@ class _Codec:
         if h < 1 or d < 1:
             raise ValueError(f"{side} states with {h} heads of head_dim {d}: both must be positive")
         self.n_heads, self.head_dim = h, d
-        self.type = layer_cache_type(self.type, d).name  # what llama.cpp stores for this head size
+        self.type = la.stored_type(self.type, self.requested, d).name  # what llama.cpp stores for this head size
         self.n = h * d
         self.n_pad = padded_row(self.type, self.n)
 
@@ -93,12 +95,15 @@ class TurboQuantLayer(DynamicLayer):
     (tokens on dim -2, so DynamicLayer's crop, reorder and batch methods work unchanged)."""
 
     def __init__(self, type_k: str = "turboq3", type_v: str = "turboq3", k_center: bool = True,
-                 center_tokens: int = CENTER_TOKENS, exact_decode: bool = False, **_: object) -> None:
+                 center_tokens: int = CENTER_TOKENS, exact_decode: bool = False,
+                 requested: tuple[str, str] | None = None, **_: object) -> None:
+        """requested: the (K, V) types the user asked for, where a layer-adaptive mode chose type_k/type_v."""
         super().__init__()
         self.exact_decode = exact_decode
-        self.k = _Codec(type_k)
-        self.v = _Codec(type_v)
-        self.k_center = k_center and self.k.type.startswith("turboq")
+        self.k = _Codec(type_k, requested and requested[0])
+        self.v = _Codec(type_v, requested and requested[1])
+        self._k_center = k_center
+        self.k_center = k_center and self.k.type.startswith("turboq")  # again in init: a mode's q8_0 may be turboq8 there
         self.center_tokens = center_tokens
         self.k_mean: torch.Tensor | None = None  # [batch, 1, n_pad] float32
 
@@ -108,6 +113,7 @@ class TurboQuantLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.k.init(key_states, "key")
         self.v.init(value_states, "value")
+        self.k_center = self._k_center and self.k.type.startswith("turboq")
         self.dtype, self.device = key_states.dtype, key_states.device
         b = key_states.shape[0]
         self.keys = torch.empty((b, 0, self._width(self.k)), dtype=self._store_dtype(self.k), device=self.device)
@@ -177,8 +183,9 @@ class TurboQuantSlidingWindowLayer(TurboQuantLayer):
     activate_past_recording = DynamicSlidingWindowLayer.activate_past_recording
 
     def __init__(self, sliding_window: int, type_k: str = "turboq3", type_v: str = "turboq3", k_center: bool = True,
-                 center_tokens: int = CENTER_TOKENS, exact_decode: bool = False, **_: object) -> None:
-        super().__init__(type_k, type_v, k_center, center_tokens, exact_decode)
+                 center_tokens: int = CENTER_TOKENS, exact_decode: bool = False,
+                 requested: tuple[str, str] | None = None, **_: object) -> None:
+        super().__init__(type_k, type_v, k_center, center_tokens, exact_decode, requested)
         self.sliding_window = sliding_window
         self.cumulative_length = 0
         self._sliding_window_tensor = torch.tensor(sliding_window, dtype=torch.long)
@@ -260,13 +267,14 @@ class TurboQuantCache(DynamicCache):
         if unknown:
             raise ValueError(f"TurboQuantCache supports full and sliding-window attention layers, not {', '.join(unknown)}")
         self.layer_types_kv = layer_cache_types(len(layer_types), cache_type_k, cache_type_v, layer_adaptive, k_gains)
+        requested = (cache_type_k, cache_type_v)
         layers: list[DynamicLayer] = []
         for kind, (tk, tv) in zip(layer_types, self.layer_types_kv):
             if kind == "sliding_attention":
                 layers.append(TurboQuantSlidingWindowLayer(kwargs["sliding_window"], tk, tv, k_center, center_tokens,
-                                                           exact_decode))
+                                                           exact_decode, requested))
             else:
-                layers.append(TurboQuantLayer(tk, tv, k_center, center_tokens, exact_decode))
+                layers.append(TurboQuantLayer(tk, tv, k_center, center_tokens, exact_decode, requested))
         # DynamicCache.__init__ would build its own layers from the config; the base Cache takes ours
         super(DynamicCache, self).__init__(layers=layers)
 

@@ -473,6 +473,10 @@ int main(int argc, char ** argv) {
         TQ_EMU_CASE(GGML_TYPE_TURBOQ3_G32)
         TQ_EMU_CASE(GGML_TYPE_TURBOQ4_G32)
         TQ_EMU_CASE(GGML_TYPE_TURBOQ8_G32)
+        TQ_EMU_CASE(GGML_TYPE_TURBOQ2_G16)
+        TQ_EMU_CASE(GGML_TYPE_TURBOQ3_G16)
+        TQ_EMU_CASE(GGML_TYPE_TURBOQ4_G16)
+        TQ_EMU_CASE(GGML_TYPE_TURBOQ8_G16)
         default: fprintf(stderr, "type %d is not a turboq type\n", (int) type); return 2;
     }
     return fclose(out) == 0 ? 0 : 1;

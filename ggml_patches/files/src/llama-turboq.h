@@ -14,6 +14,8 @@
 //   5  V = turboq4 at the first 2 and last 2 layers, turboq2 elsewhere (K unchanged)
 //   6  V = turboq4 at the last 8 layers, turboq2 elsewhere (K unchanged)
 //   7  V = q8_0 at the first 2 and last 2 layers, turboq2 elsewhere (K unchanged)
+// On a head size that q8_0's 32-value blocks do not divide (80), a mode's q8_0 is turboq8 in the
+// twin the head size calls for (llama_turboq_mode_type_for_head).
 // The table is policies[] in llama-turboq.cpp; pyturbo reads it through llama_turboq_layer_policy.
 
 #include "ggml.h"
@@ -38,6 +40,11 @@ extern "C" bool llama_turboq_layer_policy(int32_t i, int32_t * out);
 // bindings that have each layer's K gain (gains: n_layer values, < 0 for a layer without K; may be
 // NULL for a mode that does not rank by it); false for an unknown mode or missing gains
 extern "C" bool llama_turboq_boundary_from_gains(int32_t mode, int32_t n_layer, const double * gains, bool * out);
+
+// the type a layer of head size n_embd_head stores for a type that a mode chose (not the requested
+// one): q8_0 where its blocks do not divide the head size is turboq8, and a turboq type takes the
+// twin of llama_turboq_type_for_head; for bindings (type: a ggml type id)
+extern "C" int32_t llama_turboq_mode_type_for_head(int32_t type, uint32_t n_embd_head);
 
 // the key, for tools and bindings that set it ("turboq.layer_adaptive")
 extern "C" const char * llama_turboq_layer_adaptive_key(void);
@@ -68,11 +75,12 @@ ggml_type llama_turboq_type_for_head(ggml_type type, uint32_t n_embd_head);
 // llama_turboq_type_for_head (16, 32, 64 or 128 for a turboq type)
 uint32_t llama_turboq_head_block(ggml_type type, uint32_t n_embd_head);
 
-// lt with each type fitted to layer il's head sizes (llama_turboq_type_for_head); logs the stored
-// types when that changes one. is_mla: the layer caches K alone and its attention reads V out of
-// each K row's first n_embd_head_v values, so V is K's type
-llama_turboq_layer_types llama_turboq_fit_heads(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k,
-                                                uint32_t n_embd_head_v, bool is_mla);
+// lt (a mode's types for the requested ones) with each type fitted to layer il's head sizes:
+// llama_turboq_type_for_head for a requested type, llama_turboq_mode_type_for_head for one the
+// mode chose; logs the stored types when that changes one. is_mla: the layer caches K alone and its
+// attention reads V out of each K row's first n_embd_head_v values, so V is K's type
+llama_turboq_layer_types llama_turboq_fit_heads(const llama_turboq_layer_types & lt, const llama_turboq_layer_types & requested,
+                                                uint32_t il, uint32_t n_embd_head_k, uint32_t n_embd_head_v, bool is_mla);
 
 // whether dev is an RPC server's device
 bool llama_turboq_is_rpc(ggml_backend_dev_t dev);
@@ -80,7 +88,7 @@ bool llama_turboq_is_rpc(ggml_backend_dev_t dev);
 // throws std::runtime_error, naming the layer, its head size and what works, when a layer whose
 // cache takes a _g64, _g32 or _g16 type would have it on a device that does not compute it (`dev`: the layer's
 // KV device, NULL when the cache stays on the CPU; asked through supports_op: Vulkan does, CUDA
-// not yet), or on an RPC server's layer even with the cache here (its flash attention would run
+// with its debug switch GGML_CUDA_TURBOQ_TWINS=1), or on an RPC server's layer even with the cache here (its flash attention would run
 // on the server, which may not have the type). A device that declines a 128-value type at the
 // layer's head size gets a warning: its attention would run on the CPU. n_gqa: query heads per KV head
 void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_backend_dev_t dev, uint32_t il,

@@ -1,10 +1,11 @@
 // CUDA kernels for the TurboQuant KV-cache types (pyturbo): turboq2/3/4/8 on 128-value groups
-// (turboq2_0..turboq8_0) and their twins on 64- and 32-value groups (_g64, _g32).
+// (turboq2_0..turboq8_0) and their twins on 64-, 32- and 16-value groups (_g64, _g32, _g16).
 // Reference codec: ggml/src/ggml-turboq.c and ggml-turboq-encode.h. One warp handles one group of
 // G values: lane l holds values l + 32*k (k < G/32), so the Walsh-Hadamard butterflies h = 1..16
-// are warp shuffles and h = 32, 64 are register-local. Every float operation of the encoder
-// follows the C reference in the same order with explicitly rounded intrinsics (the CUDA build
-// uses -use_fast_math).
+// are warp shuffles and h = 32, 64 are register-local. A 16-value group takes lanes 0..15 (the
+// butterflies and sums stop at h = 8); lanes 16..31 hold zeros and write nothing. Every float
+// operation of the encoder follows the C reference in the same order with explicitly rounded
+// intrinsics (the CUDA build uses -use_fast_math).
 //
 // This header holds device code only, so that tests/cuda_emulation.cpp can compile it for the
 // host with TURBOQ_CUDA_EMULATION (a warp of 32 threads, shuffles through a barrier) and check it
@@ -31,11 +32,12 @@ static constexpr __host__ __device__ bool tq_is_turboq(const ggml_type type) {
     return type == GGML_TYPE_TURBOQ2_0 || type == GGML_TYPE_TURBOQ3_0 || type == GGML_TYPE_TURBOQ4_0 || type == GGML_TYPE_TURBOQ8_0;
 }
 
-// values per rotation group of a turboq type (128, 64 or 32), 0 for any other type
+// values per rotation group of a turboq type (128, 64, 32 or 16), 0 for any other type
 static constexpr __host__ __device__ int tq_group(const ggml_type type) {
     return tq_is_turboq(type) ? 128 :
         type == GGML_TYPE_TURBOQ2_G64 || type == GGML_TYPE_TURBOQ3_G64 || type == GGML_TYPE_TURBOQ4_G64 || type == GGML_TYPE_TURBOQ8_G64 ? 64 :
-        type == GGML_TYPE_TURBOQ2_G32 || type == GGML_TYPE_TURBOQ3_G32 || type == GGML_TYPE_TURBOQ4_G32 || type == GGML_TYPE_TURBOQ8_G32 ? 32 : 0;
+        type == GGML_TYPE_TURBOQ2_G32 || type == GGML_TYPE_TURBOQ3_G32 || type == GGML_TYPE_TURBOQ4_G32 || type == GGML_TYPE_TURBOQ8_G32 ? 32 :
+        type == GGML_TYPE_TURBOQ2_G16 || type == GGML_TYPE_TURBOQ3_G16 || type == GGML_TYPE_TURBOQ4_G16 || type == GGML_TYPE_TURBOQ8_G16 ? 16 : 0;
 }
 
 // block: the layout; G: values per group; bits: index width (8: turboq8's grid)
@@ -61,21 +63,31 @@ TQ_TRAITS(GGML_TYPE_TURBOQ2_G32, block_turboq2_g32,  32, 2)
 TQ_TRAITS(GGML_TYPE_TURBOQ3_G32, block_turboq3_g32,  32, 3)
 TQ_TRAITS(GGML_TYPE_TURBOQ4_G32, block_turboq4_g32,  32, 4)
 TQ_TRAITS(GGML_TYPE_TURBOQ8_G32, block_turboq8_g32,  32, 8)
+TQ_TRAITS(GGML_TYPE_TURBOQ2_G16, block_turboq2_g16,  16, 2)
+TQ_TRAITS(GGML_TYPE_TURBOQ3_G16, block_turboq3_g16,  16, 3)
+TQ_TRAITS(GGML_TYPE_TURBOQ4_G16, block_turboq4_g16,  16, 4)
+TQ_TRAITS(GGML_TYPE_TURBOQ8_G16, block_turboq8_g16,  16, 8)
 #undef TQ_TRAITS
 
-// values per lane of one group
+// values per lane of one group (a 16-value group: one, on half the lanes)
 template <ggml_type type>
 static constexpr __host__ __device__ int tq_nv() {
-    return tq_traits<type>::G / 32;
+    return tq_traits<type>::G >= 32 ? tq_traits<type>::G / 32 : 1;
+}
+
+// whether this lane holds values of a G-value group (all lanes but 16..31 of a 16-value group)
+template <int G>
+static __device__ __forceinline__ bool tq_lane_holds(const int lane) {
+    return G >= 32 || lane < G;
 }
 
 template <ggml_type type>
 static __device__ __forceinline__ const float * tq_centroids() {
     constexpr int G = tq_traits<type>::G;
     switch (tq_traits<type>::bits) {
-        case 2:  return G == 128 ? turboq2_centroids : G == 64 ? turboq2_g64_centroids : turboq2_g32_centroids;
-        case 3:  return G == 128 ? turboq3_centroids : G == 64 ? turboq3_g64_centroids : turboq3_g32_centroids;
-        case 4:  return G == 128 ? turboq4_centroids : G == 64 ? turboq4_g64_centroids : turboq4_g32_centroids;
+        case 2:  return G == 128 ? turboq2_centroids : G == 64 ? turboq2_g64_centroids : G == 32 ? turboq2_g32_centroids : turboq2_g16_centroids;
+        case 3:  return G == 128 ? turboq3_centroids : G == 64 ? turboq3_g64_centroids : G == 32 ? turboq3_g32_centroids : turboq3_g16_centroids;
+        case 4:  return G == 128 ? turboq4_centroids : G == 64 ? turboq4_g64_centroids : G == 32 ? turboq4_g32_centroids : turboq4_g16_centroids;
         default: return turboq8_centroids; // one grid for every group size
     }
 }
@@ -84,14 +96,15 @@ template <ggml_type type>
 static __device__ __forceinline__ const float * tq_thresholds() {
     constexpr int G = tq_traits<type>::G;
     switch (tq_traits<type>::bits) {
-        case 2:  return G == 128 ? turboq2_thresholds : G == 64 ? turboq2_g64_thresholds : turboq2_g32_thresholds;
-        case 3:  return G == 128 ? turboq3_thresholds : G == 64 ? turboq3_g64_thresholds : turboq3_g32_thresholds;
-        default: return G == 128 ? turboq4_thresholds : G == 64 ? turboq4_g64_thresholds : turboq4_g32_thresholds;
+        case 2:  return G == 128 ? turboq2_thresholds : G == 64 ? turboq2_g64_thresholds : G == 32 ? turboq2_g32_thresholds : turboq2_g16_thresholds;
+        case 3:  return G == 128 ? turboq3_thresholds : G == 64 ? turboq3_g64_thresholds : G == 32 ? turboq3_g32_thresholds : turboq3_g16_thresholds;
+        default: return G == 128 ? turboq4_thresholds : G == 64 ? turboq4_g64_thresholds : G == 32 ? turboq4_g32_thresholds : turboq4_g16_thresholds;
     }
 }
 
 static constexpr __host__ __device__ float tq_inv_sqrt_group(const int G) {
-    return G == 128 ? TURBOQ_INV_SQRT_GROUP : G == 64 ? TURBOQ_G64_INV_SQRT_GROUP : TURBOQ_G32_INV_SQRT_GROUP;
+    return G == 128 ? TURBOQ_INV_SQRT_GROUP : G == 64 ? TURBOQ_G64_INV_SQRT_GROUP : G == 32 ? TURBOQ_G32_INV_SQRT_GROUP
+         : TURBOQ_G16_INV_SQRT_GROUP;
 }
 
 // The sign vectors and the level table, staged in shared memory: lanes read different entries,
@@ -115,13 +128,13 @@ static __device__ __forceinline__ void tq_load_tables(tq_smem_tables<type> & t, 
     }
 }
 
-// Unnormalised Sylvester Walsh-Hadamard transform of one group of 32*NV values, butterflies
-// h = 1..16*NV in the order of turboq_generic_fwht_n() in ggml-turboq-encode.h (x[j] = a + b,
-// x[j + h] = a - b), bit for bit.
-template <int NV>
+// Unnormalised Sylvester Walsh-Hadamard transform of one group of G values (32*NV, or 16 on lanes
+// 0..15), butterflies h = 1..G/2 in the order of turboq_generic_fwht_n() in ggml-turboq-encode.h
+// (x[j] = a + b, x[j + h] = a - b), bit for bit.
+template <int NV, int G = 32*NV>
 static __device__ __forceinline__ void tq_fwht(float (&x)[NV], const int lane) {
 #pragma unroll
-    for (int h = 1; h < 32; h <<= 1) {
+    for (int h = 1; h < (G < 32 ? G : 32); h <<= 1) {
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
             const float o = __shfl_xor_sync(0xFFFFFFFF, x[k], h, 32);
@@ -143,8 +156,8 @@ static __device__ __forceinline__ void tq_fwht(float (&x)[NV], const int lane) {
     }
 }
 
-// turboq_generic_tree_sum_n() of t: the fixed halving tree h = 16*NV..1, result broadcast to all lanes.
-template <int NV>
+// turboq_generic_tree_sum_n() of t: the fixed halving tree h = G/2..1, result broadcast to all lanes.
+template <int NV, int G = 32*NV>
 static __device__ __forceinline__ float tq_tree_sum(float (&t)[NV]) {
     // h = 64, 32: within one lane
 #pragma unroll
@@ -156,38 +169,45 @@ static __device__ __forceinline__ float tq_tree_sum(float (&t)[NV]) {
     }
     float s = t[0];
 #pragma unroll
-    for (int h = 16; h > 0; h >>= 1) {
+    for (int h = (G < 32 ? G/2 : 16); h > 0; h >>= 1) {
         s = __fadd_rn(s, __shfl_down_sync(0xFFFFFFFF, s, h, 32));
     }
     return __shfl_sync(0xFFFFFFFF, s, 0, 32);
 }
 
+// sign s[v] of value v = lane + 32*k of a G-value group; 0 on a lane that holds none, which keeps
+// its values 0 through a rotation
+template <int G>
+static __device__ __forceinline__ float tq_sign(const float * s, const int lane, const int k) {
+    return tq_lane_holds<G>(lane) ? s[32*k + lane] : 0.0f;
+}
+
 // y = D2.H.D1.x/sqrt(G) (turboq_rotate_group_with)
-template <int NV>
+template <int NV, int G = 32*NV>
 static __device__ __forceinline__ void tq_rotate(float (&x)[NV], const int lane, const float * sign1, const float * sign2) {
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-        x[k] = __fmul_rn(x[k], sign1[32*k + lane]);
+        x[k] = __fmul_rn(x[k], tq_sign<G>(sign1, lane, k));
     }
-    tq_fwht<NV>(x, lane);
+    tq_fwht<NV, G>(x, lane);
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-        x[k] = __fmul_rn(__fmul_rn(x[k], tq_inv_sqrt_group(32*NV)), sign2[32*k + lane]);
+        x[k] = __fmul_rn(__fmul_rn(x[k], tq_inv_sqrt_group(G)), tq_sign<G>(sign2, lane, k));
     }
 }
 
 // x = D1.H.D2.y/sqrt(G) * scale (turboq_unrotate_group_scaled)
-template <int NV>
+template <int NV, int G = 32*NV>
 static __device__ __forceinline__ void tq_unrotate_scaled(float (&x)[NV], const float scale, const int lane, const float * sign1, const float * sign2) {
-    const float k_s = __fmul_rn(scale, tq_inv_sqrt_group(32*NV));
+    const float k_s = __fmul_rn(scale, tq_inv_sqrt_group(G));
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-        x[k] = __fmul_rn(x[k], sign2[32*k + lane]);
+        x[k] = __fmul_rn(x[k], tq_sign<G>(sign2, lane, k));
     }
-    tq_fwht<NV>(x, lane);
+    tq_fwht<NV, G>(x, lane);
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-        x[k] = __fmul_rn(__fmul_rn(x[k], k_s), sign1[32*k + lane]);
+        x[k] = __fmul_rn(__fmul_rn(x[k], k_s), tq_sign<G>(sign1, lane, k));
     }
 }
 
@@ -208,6 +228,10 @@ static __device__ __forceinline__ void tq_unpack(const char * __restrict__ blk, 
         // masks and constant shifts, and the byte that several k share is one load (e.g. turboq3's
         // qh byte lane % 16 at G = 128)
         const unsigned v = ((unsigned) lane & 31u) + 32u*k;
+        if (!tq_lane_holds<G>(lane)) {
+            idx[k] = 0; // no value here; its fields would lie past the block
+            continue;
+        }
         if constexpr (tq_traits<type>::bits == 2 || tq_traits<type>::bits == 3) {
             idx[k] = (b->qs[v % (G/4)] >> (2*(v / (G/4)))) & 3;
         }
@@ -236,13 +260,13 @@ static __device__ __forceinline__ float tq_decode_rotated(const char * __restric
 }
 
 // Byte b = lane + 32*r (< n_bytes) of an index array whose byte b holds the fields of values
-// b + f*S, f = 0..32*NV/S - 1, `width` bits each. The lane that holds value v is v % 32 and its
+// b + f*S, f = 0..G/S - 1, `width` bits each. The lane that holds value v is v % 32 and its
 // register is v / 32, the same for every lane of one (r, f): S either divides 32 (and b < S) or
 // is a multiple of 32. Warp-collective.
-template <int NV, int S, int width>
+template <int NV, int S, int width, int G = 32*NV>
 static __device__ __forceinline__ void tq_pack_field(uint8_t * __restrict__ dst, const int (&field)[NV], const int lane) {
     constexpr int n_bytes = S;
-    constexpr int n_field = 32*NV / S;
+    constexpr int n_field = G / S;
 #pragma unroll
     for (int r = 0; r < (n_bytes + 31)/32; ++r) {
         int byte = 0;
@@ -291,13 +315,13 @@ static __device__ __forceinline__ void tq_encode_group(const float (&x)[tq_nv<ty
         v[k]  = __fdiv_rn(x[k], amax);
         sq[k] = __fmul_rn(v[k], v[k]);
     }
-    const float r = __fsqrt_rn(tq_tree_sum<NV>(sq));
+    const float r = __fsqrt_rn(tq_tree_sum<NV, G>(sq));
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
         v[k] = __fdiv_rn(v[k], r);
     }
 
-    tq_rotate<NV>(v, lane, t.sign1, t.sign2);
+    tq_rotate<NV, G>(v, lane, t.sign1, t.sign2);
 
     int idx[NV];
     if constexpr (tq_traits<type>::bits == 8) {
@@ -331,7 +355,7 @@ static __device__ __forceinline__ void tq_encode_group(const float (&x)[tq_nv<ty
         const float c = t.lut[idx[k]];
         sq[k] = __fmul_rn(c, c);
     }
-    const float cn   = __fsqrt_rn(tq_tree_sum<NV>(sq));
+    const float cn   = __fsqrt_rn(tq_tree_sum<NV, G>(sq));
     const float norm = fminf(__fdiv_rn(__fmul_rn(amax, r), cn), 65504.0f);
 
     block_t * b = (block_t *) blk;
@@ -344,7 +368,7 @@ static __device__ __forceinline__ void tq_encode_group(const float (&x)[tq_nv<ty
         }
     }
     if constexpr (tq_traits<type>::bits == 2 || tq_traits<type>::bits == 3) {
-        tq_pack_field<NV, G/4, 2>(b->qs, idx, lane);
+        tq_pack_field<NV, G/4, 2, G>(b->qs, idx, lane);
     }
     if constexpr (tq_traits<type>::bits == 3) {
         int hi[NV];
@@ -352,15 +376,17 @@ static __device__ __forceinline__ void tq_encode_group(const float (&x)[tq_nv<ty
         for (int k = 0; k < NV; ++k) {
             hi[k] = idx[k] >> 2;
         }
-        tq_pack_field<NV, G/8, 1>(b->qh, hi, lane);
+        tq_pack_field<NV, G/8, 1, G>(b->qh, hi, lane);
     }
     if constexpr (tq_traits<type>::bits == 4) {
-        tq_pack_field<NV, G/2, 4>(b->qs, idx, lane);
+        tq_pack_field<NV, G/2, 4, G>(b->qs, idx, lane);
     }
     if constexpr (tq_traits<type>::bits == 8) {
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
-            b->qs[32*k + lane] = (uint8_t) idx[k];
+            if (tq_lane_holds<G>(lane)) {
+                b->qs[32*k + lane] = (uint8_t) idx[k];
+            }
         }
     }
 }
@@ -405,7 +431,7 @@ static __global__ void k_tq_set_rows(
     float v[tq_nv<type>()];
 #pragma unroll
     for (int k = 0; k < tq_nv<type>(); ++k) {
-        v[k] = ggml_cuda_cast<float>(x[32*k + lane]);
+        v[k] = tq_lane_holds<tq_traits<type>::G>(lane) ? ggml_cuda_cast<float>(x[32*k + lane]) : 0.0f;
     }
     tq_encode_group<type>(v, blk, lane, tables);
 }
@@ -451,7 +477,8 @@ static __global__ void k_tq_quantize_nd(const char * __restrict__ src, char * __
     float v[tq_nv<type>()];
 #pragma unroll
     for (int k = 0; k < tq_nv<type>(); ++k) {
-        v[k] = ggml_cuda_cast<float>(*(const src_t *) (src + tq_offset(i + 32*k + lane, s.ne0, s.ne1, s.ne2, s.nb0, s.nb1, s.nb2, s.nb3)));
+        v[k] = tq_lane_holds<tq_traits<type>::G>(lane) ?
+            ggml_cuda_cast<float>(*(const src_t *) (src + tq_offset(i + 32*k + lane, s.ne0, s.ne1, s.ne2, s.nb0, s.nb1, s.nb2, s.nb3))) : 0.0f;
     }
     tq_encode_group<type>(v, blk, lane, tables);
 }
@@ -461,7 +488,7 @@ static __global__ void k_tq_quantize_nd(const char * __restrict__ src, char * __
 template <ggml_type type, typename dst_t>
 static __device__ __forceinline__ void tq_dequant_group(const char * __restrict__ blk, const int lane, const tq_smem_tables<type> & t, float (&x)[tq_nv<type>()]) {
     const float norm = tq_decode_rotated<type>(blk, lane, t.lut, x);
-    tq_unrotate_scaled(x, norm, lane, t.sign1, t.sign2);
+    tq_unrotate_scaled<tq_nv<type>(), tq_traits<type>::G>(x, norm, lane, t.sign1, t.sign2);
 }
 
 // CPY turboq -> f32/f16 (any dst layout) and contiguous conversion.
@@ -483,7 +510,9 @@ static __global__ void k_tq_dequantize_nd(const char * __restrict__ src, char * 
     tq_dequant_group<type, dst_t>(blk, lane, tables, x);
 #pragma unroll
     for (int k = 0; k < tq_nv<type>(); ++k) {
-        *(dst_t *) (dst + tq_offset(i + 32*k + lane, d.ne0, d.ne1, d.ne2, d.nb0, d.nb1, d.nb2, d.nb3)) = ggml_cuda_cast<dst_t>(x[k]);
+        if (tq_lane_holds<tq_traits<type>::G>(lane)) {
+            *(dst_t *) (dst + tq_offset(i + 32*k + lane, d.ne0, d.ne1, d.ne2, d.nb0, d.nb1, d.nb2, d.nb3)) = ggml_cuda_cast<dst_t>(x[k]);
+        }
     }
 }
 
@@ -517,6 +546,8 @@ static __global__ void k_tq_get_rows(
     tq_dequant_group<type, dst_t>(blk, lane, tables, x);
 #pragma unroll
     for (int k = 0; k < tq_nv<type>(); ++k) {
-        y[32*k + lane] = ggml_cuda_cast<dst_t>(x[k]);
+        if (tq_lane_holds<tq_traits<type>::G>(lane)) {
+            y[32*k + lane] = ggml_cuda_cast<dst_t>(x[k]);
+        }
     }
 }
