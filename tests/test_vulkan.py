@@ -162,6 +162,26 @@ def test_mla_cache_and_attention_on_vulkan_give_the_cpu_cache_logits(vk_bin, tmp
     assert vk.kld is not None and vk.kld < KLD_TOL
 
 
+@pytest.mark.parametrize("mode", [3, 7])
+def test_layer_adaptive_modes_at_head_size_80_on_vulkan(vk_bin, tmp_path, monkeypatch, mode):
+    """A mode's q8_0 at head size 80 is turboq8_g16 (test_head_sizes.py), so a layer mixes it with
+    turboq3_g16 (mode 3: K turboq8_g16 on one layer; mode 7: V turboq8_g16 on both): with every
+    layer and its cache on Vulkan0 the logits are the CPU's."""
+    model, text = data.tiny_model(head_dim=80), data.corpus_slice(12000)
+    base = tmp_path / "cpu.kld"
+    run = dict(ctx=256, chunks=4, threads=2)
+    la = ("--layer-adaptive", str(mode))
+    cpu = perplexity(model, text, "turboq3", "turboq3", kld_base=base, write_base=True, extra=la, **run)
+    monkeypatch.setenv("PYTURBO_BUILD_DIR", str(VK_BUILD))
+    for k, v in vk_env().items():
+        monkeypatch.setenv(k, v)
+    vk = perplexity(model, text, "turboq3", "turboq3", kld_base=base, extra=(*la, "-ngl", "99"), **run)
+    assert "Vulkan0 KV buffer size" in vk.log, vk.log[-3000:]
+    assert re.search(rf"layer-adaptive mode {mode}: (K turboq8_g16, V turboq3_g16|K turboq3_g16, V turboq8_g16)", vk.log)
+    assert abs(vk.ppl / cpu.ppl - 1) < PPL_REL_TOL
+    assert vk.kld is not None and vk.kld < KLD_TOL
+
+
 def test_turboq_flash_attention_on_vulkan_hs128(vk_bin):
     # every turboq type as K and as V (with itself, f16 and q8_0 on the other side), 4 query heads
     # per KV head, batches of 1, 8 (the grouped-heads path) and 35 (row tiles, one partial); batches
