@@ -119,11 +119,12 @@ def layer_cache_types(mode: int, n_layer: int, type_k: str, type_v: str,
 
 
 @lru_cache(maxsize=None)
-def _mode_type_for_head(ggml_id: int, head_dim: int) -> int:
+def _mode_type_for_head(name: str, head_dim: int) -> CacheType:
     fn = library("llama").llama_turboq_mode_type_for_head
     fn.restype = C.c_int32
     fn.argtypes = [C.c_int32, C.c_uint32]
-    return int(fn(ggml_id, head_dim))
+    stored = int(fn(cache_type(name).ggml_id, head_dim))
+    return next(t for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values()) if t.ggml_id == stored)
 
 
 def stored_type(name: str, requested: str, head_dim: int) -> CacheType:
@@ -134,5 +135,4 @@ def stored_type(name: str, requested: str, head_dim: int) -> CacheType:
     t = cache_type(name)
     if t.name == cache_type(requested).name:
         return layer_cache_type(t, head_dim)
-    by_id = {c.ggml_id: c for c in (*CACHE_TYPES.values(), *TWIN_TYPES.values())}
-    return by_id[_mode_type_for_head(t.ggml_id, head_dim)]
+    return _mode_type_for_head(t.name, head_dim)

@@ -103,17 +103,20 @@ class TurboQuantLayer(DynamicLayer):
         self.k = _Codec(type_k, requested and requested[0])
         self.v = _Codec(type_v, requested and requested[1])
         self._k_center = k_center
-        self.k_center = k_center and self.k.type.startswith("turboq")  # again in init: a mode's q8_0 may be turboq8 there
         self.center_tokens = center_tokens
         self.k_mean: torch.Tensor | None = None  # [batch, 1, n_pad] float32
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(K={self.k.type}, V={self.v.type})"
 
+    @property
+    def k_center(self) -> bool:
+        # from the stored K type, which init settles per head size (a mode's q8_0 may be turboq8 there)
+        return self._k_center and self.k.type.startswith("turboq")
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.k.init(key_states, "key")
         self.v.init(value_states, "value")
-        self.k_center = self._k_center and self.k.type.startswith("turboq")
         self.dtype, self.device = key_states.dtype, key_states.device
         b = key_states.shape[0]
         self.keys = torch.empty((b, 0, self._width(self.k)), dtype=self._store_dtype(self.k), device=self.device)
