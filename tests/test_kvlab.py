@@ -6,8 +6,12 @@ variant is the C codec, and on real tensors it orders configurations as end-to-e
 """
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
+from helpers import ROOT
 
 from pyturbo import data
 from pyturbo.lab import kvlab, reference
@@ -89,6 +93,41 @@ def test_trellis_viterbi_finds_the_best_path():
         prev = np.concatenate(([0], states[g, :-1]))
         assert np.all((states[g] >> 2) == (prev & 3))
         assert np.sum((y[g] - cb[states[g]]) ** 2) == pytest.approx(best, rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def trellis_c(tmp_path_factory):
+    """bench/trellis_viterbi.c, built as its header says."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.fail("a C compiler is needed for the trellis encoder")
+    exe = tmp_path_factory.mktemp("trellis") / "trellis_viterbi"
+    subprocess.run([cc, "-O2", "-ffp-contract=off", "-o", str(exe), str(ROOT / "bench" / "trellis_viterbi.c"), "-lm"],
+                   check=True)
+    return exe
+
+
+@pytest.mark.parametrize("impl,L", [("c", 8), ("avx2", 8), ("avx512", 8), ("c", 6), ("avx2", 6)])
+@pytest.mark.parametrize("bits", [3, 2])
+@pytest.mark.parametrize("codebook", ["gaussian", "coarse"])
+def test_trellis_encoder_in_c_takes_the_labs_paths(trellis_c, impl, L, bits, codebook):
+    """The C encoders (plain, AVX2, AVX-512; 256 states or 64) return pyturbo.lab.trellis.viterbi's states bit for
+    bit: the same float32 operations in the same order, and the first minimum where path costs
+    tie, which a codebook of few distinct values makes common."""
+    from pyturbo.lab import trellis
+
+    rng = np.random.default_rng(11 + bits)
+    cb = rng.standard_normal(1 << L).astype(np.float32)
+    y = rng.standard_normal((64, 128)).astype(np.float32)
+    if codebook == "coarse":
+        cb, y = np.round(cb * 2) / 2, np.round(y * 2) / 2
+    r = subprocess.run([str(trellis_c), "check", str(bits), str(L), impl], input=cb.tobytes() + y.tobytes(),
+                       capture_output=True)
+    if r.returncode == 2 and b"not on this machine" in r.stderr:
+        pytest.skip(f"no {impl} on this CPU")
+    assert r.returncode == 0, r.stderr.decode()
+    states = np.frombuffer(r.stdout, np.uint8).reshape(y.shape)
+    assert np.array_equal(states, trellis.viterbi(y, cb, bits))
 
 
 def test_trellis_beats_the_scalar_codebook_at_the_same_bits():

@@ -10,6 +10,7 @@ costs 2^L states per value, which is what a shipped type would pay on every toke
 
     python -m pyturbo.lab.trellis                 # Gaussian MSE of the trellises against Lloyd-Max
     python -m pyturbo.lab.trellis e2e --chunks 20 # KLD vs the exact cache, the model in transformers
+    python -m pyturbo.lab.trellis e2e --chunks 10 --states 6 8 --seeds 2   # 64 and 256 states, 2 draws
 
 `e2e` is end to end without a C encoder: the bundled model runs in transformers on chunks of
 botchan.txt as llama-perplexity takes them (BOS first, 512 tokens, one forward each), with a
@@ -99,7 +100,8 @@ def main() -> None:
             print(f"| {bits} | trellis, 2^{L} states | {e:.5f} | {e / base:.2f}x |", flush=True)
 
 
-def e2e(n_chunks: int, threads: int = 2, seeds: tuple[int | None, ...] = (None,)) -> None:
+def e2e(n_chunks: int, threads: int = 2, seeds: tuple[int | None, ...] = (None,), states: tuple[int, ...] = (8,),
+        baselines: bool = True) -> None:
     import torch
     from transformers import DynamicCache
 
@@ -112,11 +114,13 @@ def e2e(n_chunks: int, threads: int = 2, seeds: tuple[int | None, ...] = (None,)
     lab = kvlab.load(kvlab.lab_dir() / data.default_model().stem)  # the dump's Q/K give the channel scale
     scales = kvlab.channel_scales(lab)
     V = kvlab.Variant
-    configs = {"q4_0": lambda s: (kvlab.mainline("q4_0"),) * 2}
+    configs = {"q4_0": lambda s: (kvlab.mainline("q4_0"),) * 2} if baselines else {}
     for b in (3, 2):
-        configs[f"turboq{b}"] = lambda s, b=b: (kvlab.tq(V(b, seed=s), scales=scales), kvlab.tq(V(b, seed=s)))
-        configs[f"turboq{b}, trellis 2^8"] = lambda s, b=b: (kvlab.tq(V(b, seed=s, trellis=8), scales=scales),
-                                                             kvlab.tq(V(b, seed=s, trellis=8)))
+        if baselines:
+            configs[f"turboq{b}"] = lambda s, b=b: (kvlab.tq(V(b, seed=s), scales=scales), kvlab.tq(V(b, seed=s)))
+        for L in states:
+            configs[f"turboq{b}, trellis 2^{L}"] = lambda s, b=b, L=L: (kvlab.tq(V(b, seed=s, trellis=L), scales=scales),
+                                                                       kvlab.tq(V(b, seed=s, trellis=L)))
 
     class Coded(DynamicCache):
         def __init__(self, k, v):
@@ -164,8 +168,10 @@ if __name__ == "__main__":
     ap.add_argument("--chunks", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seeds", type=int, default=1, help="rotation draws (the shipped one + N-1 others)")
+    ap.add_argument("--states", type=int, nargs="+", default=[8], help="e2e: the trellises' L (2^L states)")
+    ap.add_argument("--no-baselines", action="store_true", help="e2e: the trellis rows only (not q4_0, turboq3, turboq2)")
     a = ap.parse_args()
     if a.what == "e2e":
-        e2e(a.chunks, a.threads, (None, *range(1, a.seeds)))
+        e2e(a.chunks, a.threads, (None, *range(1, a.seeds)), tuple(a.states), not a.no_baselines)
     else:
         main()
