@@ -11,9 +11,11 @@ costs 2^L states per value, which is what a shipped type would pay on every toke
     python -m pyturbo.lab.trellis                 # Gaussian MSE of the trellises against Lloyd-Max
     python -m pyturbo.lab.trellis e2e --chunks 20 # KLD vs the exact cache, the model in transformers
     python -m pyturbo.lab.trellis e2e --chunks 10 --states 6 8 --seeds 2   # 64 and 256 states, 2 draws
+    python -m pyturbo.lab.trellis e2e --chunks 1 --ctx 8192 --text pydoc --states 6   # at c=8192
 
 `e2e` is end to end without a C encoder: the bundled model runs in transformers on chunks of
-botchan.txt as llama-perplexity takes them (BOS first, 512 tokens, one forward each), with a
+botchan.txt (or `--text`) as llama-perplexity takes them (BOS first, 512 tokens or `--ctx`, one
+forward each), with a
 cache that hands attention every K and V row encoded and decoded by a pyturbo.lab.kvlab codec
 (K centered on the chunk's own mean, where the product uses a calibrated one, and
 channel-scaled), and the mean KLD of the positions llama-perplexity scores against the same
@@ -101,7 +103,7 @@ def main() -> None:
 
 
 def e2e(n_chunks: int, threads: int = 2, seeds: tuple[int | None, ...] = (None,), states: tuple[int, ...] = (8,),
-        baselines: bool = True) -> None:
+        baselines: bool = True, n: int = 512, text: str | None = None) -> None:
     import torch
     from transformers import DynamicCache
 
@@ -136,25 +138,42 @@ def e2e(n_chunks: int, threads: int = 2, seeds: tuple[int | None, ...] = (None,)
 
     # llama-perplexity's chunks: the text tokenized after a BOS, cut every n tokens, each chunk's
     # first token replaced by BOS
-    tokens = [lm.bos_id, *lm.tokenize(data.corpus().read_text(encoding="utf-8"), add_bos=False)]
-    n = 512
+    tokens = [lm.bos_id, *lm.tokenize(data.corpus_path(text).read_text(encoding="utf-8"), add_bos=False)]
     chunks = [[lm.bos_id, *tokens[i * n + 1:(i + 1) * n]] for i in range(n_chunks)]
+    if len(chunks[-1]) < n:
+        raise SystemExit(f"the text has {len(tokens)} tokens: fewer than {n_chunks} chunks of {n}")
+    cap = getattr(lm.model.config, "final_logit_softcapping", None)
 
-    def logp(ids, cache):
+    def hidden(ids, cache):
+        """The final hidden states of the positions llama-perplexity scores (n/2 .. n-2, each
+        predicting the next token): the vocabulary's logits are made from them a slice at a time,
+        as a long chunk's would not fit in memory at once."""
         with torch.inference_mode():
-            out = lm.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
-        # llama-perplexity scores the logits of positions n/2 .. n-2 (each predicts the next token)
-        return torch.log_softmax(out.logits[0, n // 2:n - 1].double(), -1)
+            out = lm.model.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        return out.last_hidden_state[0, n // 2:n - 1]
 
-    base = [logp(c, DynamicCache(config=lm.model.config)) for c in chunks]
+    def logp(h):
+        with torch.inference_mode():
+            logits = lm.model.lm_head(h)
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+        return torch.log_softmax(logits.double(), -1)
+
+    def kld(hp, hq, rows=256):
+        out = []
+        for a in range(0, len(hp), rows):
+            lp, lq = logp(hp[a:a + rows]), logp(hq[a:a + rows])
+            out.append((lp.exp() * (lp - lq)).sum(-1).numpy())
+        return np.concatenate(out)
+
+    base = [hidden(c, DynamicCache(config=lm.model.config)) for c in chunks]
     print(f"{n_chunks} chunks of {n} (second half scored), KLD vs the exact cache, mean over the chunks' tokens; "
           f"{len(seeds)} rotation draw(s)\n\n| K/V | mean KLD | median | p99.9 |\n|---|---|---|---|", flush=True)
     for name, make in configs.items():
         for s in seeds:
             klds = []
-            for c, lp in zip(chunks, base):
-                lq = logp(c, Coded(*make(s)))
-                klds.append((lp.exp() * (lp - lq)).sum(-1).numpy())
+            for c, hp in zip(chunks, base):
+                klds.append(kld(hp, hidden(c, Coded(*make(s)))))
             k = np.concatenate(klds)
             print(f"| {name}{'' if s is None else f' (draw {s})'} | {k.mean():.5f} | {np.median(k):.5f} | "
                   f"{np.quantile(k, 0.999):.4f} |", flush=True)
@@ -170,8 +189,10 @@ if __name__ == "__main__":
     ap.add_argument("--seeds", type=int, default=1, help="rotation draws (the shipped one + N-1 others)")
     ap.add_argument("--states", type=int, nargs="+", default=[8], help="e2e: the trellises' L (2^L states)")
     ap.add_argument("--no-baselines", action="store_true", help="e2e: the trellis rows only (not q4_0, turboq3, turboq2)")
+    ap.add_argument("--ctx", type=int, default=512, help="e2e: tokens per chunk (llama-perplexity's -c)")
+    ap.add_argument("--text", help="e2e: a text file, or botchan / pydoc (default: botchan)")
     a = ap.parse_args()
     if a.what == "e2e":
-        e2e(a.chunks, a.threads, (None, *range(1, a.seeds)), tuple(a.states), not a.no_baselines)
+        e2e(a.chunks, a.threads, (None, *range(1, a.seeds)), tuple(a.states), not a.no_baselines, a.ctx, a.text)
     else:
         main()
