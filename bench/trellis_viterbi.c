@@ -223,22 +223,45 @@ static float dot_trellis_c(const uint8_t * buf, int k, int L, const float * cb, 
 }
 
 #if defined(__x86_64__)
-// 8 values t0..t0+7 (t0 a multiple of 8): their states lie in the 32 bits from bit 8 + k*t0 - 8
-__attribute__((target("avx2,fma"))) static float dot_trellis_avx2(const uint8_t * buf, int k, const float * cb,
-                                                                  const float * q) {
-    const __m256i l = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i sh = _mm256_sub_epi32(_mm256_set1_epi32(24 - k), _mm256_mullo_epi32(l, _mm256_set1_epi32(k)));
-    const __m256i ff = _mm256_set1_epi32(255);
-    __m256 acc = _mm256_setzero_ps();
-    for (int t0 = 0; t0 < N; t0 += 8) {
-        uint32_t w;
-        memcpy(&w, buf + k*t0/8, 4);
-        const __m256i s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int) __builtin_bswap32(w)), sh), ff);
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + t0), _mm256_i32gather_ps(cb, s, 4), acc);
-    }
+__attribute__((target("avx2"))) static inline float hsum8(__m256 acc) {
     const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
     const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+}
+
+// The states of values t0..t0+7 (t0 a multiple of 8) lie in the 32 bits from bit 8 + k*t0 - 8 of
+// the buffer (bit k*t0 of the stream less the 8 before it): lane l's ends 8 + k(l+1) bits in, so
+// it is that word shifted right by sh = 24 - k - k*l, masked to L bits.
+__attribute__((target("avx2"))) static inline __m256i states8(const uint8_t * buf, int k, int t0, __m256i mask) {
+    const __m256i sh = _mm256_sub_epi32(_mm256_set1_epi32(24 - k),
+                                        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(k)));
+    uint32_t w;
+    memcpy(&w, buf + k*t0/8, 4);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int) __builtin_bswap32(w)), sh), mask);
+}
+
+// the same for 16 values, from two such words
+__attribute__((target("avx512f"))) static inline __m512i states16(const uint8_t * buf, int k, int t0, __m512i mask) {
+    const __m512i l8 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512i sh = _mm512_sub_epi32(_mm512_set1_epi32(24 - k), _mm512_mullo_epi32(l8, _mm512_set1_epi32(k)));
+    uint32_t w0, w1;
+    memcpy(&w0, buf + k*t0/8, 4);
+    memcpy(&w1, buf + k*(t0 + 8)/8, 4);
+    const __m512i src = _mm512_mask_mov_epi32(_mm512_set1_epi32((int) __builtin_bswap32(w0)), 0xff00,
+                                              _mm512_set1_epi32((int) __builtin_bswap32(w1)));
+    return _mm512_and_si512(_mm512_srlv_epi32(src, sh), mask);
+}
+
+// 256 states, AVX2: a gather from the table
+__attribute__((target("avx2,fma"))) static float dot_trellis_avx2(const uint8_t * buf, int k, const float * cb,
+                                                                  const float * q) {
+    const __m256i ff = _mm256_set1_epi32(255);
+    __m256 acc = _mm256_setzero_ps();
+    for (int t0 = 0; t0 < N; t0 += 8) {
+        const __m256i s = states8(buf, k, t0, ff);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + t0), _mm256_i32gather_ps(cb, s, 4), acc);
+    }
+    return hsum8(acc);
 }
 
 // AVX-512: 16 values a step (two words of 32 bits, as above), and the 256-entry table read
@@ -246,17 +269,10 @@ __attribute__((target("avx2,fma"))) static float dot_trellis_avx2(const uint8_t 
 // top three bits, not a gather
 __attribute__((target("avx512f,avx512bw"))) static float dot_trellis_avx512(const uint8_t * buf, int k,
                                                                          const __m512 * cbt, const float * q) {
-    const __m512i l8 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
-    const __m512i sh = _mm512_sub_epi32(_mm512_set1_epi32(24 - k), _mm512_mullo_epi32(l8, _mm512_set1_epi32(k)));
     const __m512i ff = _mm512_set1_epi32(255);
     __m512 acc = _mm512_setzero_ps();
     for (int t0 = 0; t0 < N; t0 += 16) {
-        uint32_t w0, w1;
-        memcpy(&w0, buf + k*t0/8, 4);
-        memcpy(&w1, buf + k*(t0 + 8)/8, 4);
-        const __m512i src = _mm512_mask_mov_epi32(_mm512_set1_epi32((int) __builtin_bswap32(w0)), 0xff00,
-                                                  _mm512_set1_epi32((int) __builtin_bswap32(w1)));
-        const __m512i s = _mm512_and_si512(_mm512_srlv_epi32(src, sh), ff);
+        const __m512i s = states16(buf, k, t0, ff);
         __m512 r[8];
         for (int i = 0; i < 8; ++i) r[i] = _mm512_permutex2var_ps(cbt[2*i], s, cbt[2*i + 1]);
         const __mmask16 b5 = _mm512_test_epi32_mask(s, _mm512_set1_epi32(32));
@@ -274,16 +290,12 @@ __attribute__((target("avx512f,avx512bw"))) static float dot_trellis_avx512(cons
 // (AVX2: eight permutes, seven blends) or four of 16 (AVX-512: two permutes, one blend)
 __attribute__((target("avx2,fma"))) static float dot_trellis64_avx2(const uint8_t * buf, int k, const float * cb,
                                                                     const float * q) {
-    const __m256i l = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i sh = _mm256_sub_epi32(_mm256_set1_epi32(24 - k), _mm256_mullo_epi32(l, _mm256_set1_epi32(k)));
     const __m256i m63 = _mm256_set1_epi32(63);
     __m256 t[8];
     for (int i = 0; i < 8; ++i) t[i] = _mm256_loadu_ps(cb + 8*i);
     __m256 acc = _mm256_setzero_ps();
     for (int t0 = 0; t0 < N; t0 += 8) {
-        uint32_t w;
-        memcpy(&w, buf + k*t0/8, 4);
-        const __m256i s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int) __builtin_bswap32(w)), sh), m63);
+        const __m256i s = states8(buf, k, t0, m63);
         __m256 r[8];
         for (int i = 0; i < 8; ++i) r[i] = _mm256_permutevar8x32_ps(t[i], s);
         // blendv reads the sign bit: move bits 3, 4, 5 of the state there
@@ -294,24 +306,15 @@ __attribute__((target("avx2,fma"))) static float dot_trellis64_avx2(const uint8_
         for (int i = 0; i < 2; ++i) r[i] = _mm256_blendv_ps(r[2*i], r[2*i + 1], b4);
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + t0), _mm256_blendv_ps(r[0], r[1], b5), acc);
     }
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+    return hsum8(acc);
 }
 
 __attribute__((target("avx512f,avx512bw"))) static float dot_trellis64_avx512(const uint8_t * buf, int k,
                                                                            const __m512 * cbt, const float * q) {
-    const __m512i l8 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
-    const __m512i sh = _mm512_sub_epi32(_mm512_set1_epi32(24 - k), _mm512_mullo_epi32(l8, _mm512_set1_epi32(k)));
     const __m512i m63 = _mm512_set1_epi32(63);
     __m512 acc = _mm512_setzero_ps();
     for (int t0 = 0; t0 < N; t0 += 16) {
-        uint32_t w0, w1;
-        memcpy(&w0, buf + k*t0/8, 4);
-        memcpy(&w1, buf + k*(t0 + 8)/8, 4);
-        const __m512i src = _mm512_mask_mov_epi32(_mm512_set1_epi32((int) __builtin_bswap32(w0)), 0xff00,
-                                                  _mm512_set1_epi32((int) __builtin_bswap32(w1)));
-        const __m512i s = _mm512_and_si512(_mm512_srlv_epi32(src, sh), m63);
+        const __m512i s = states16(buf, k, t0, m63);
         const __m512 a = _mm512_permutex2var_ps(cbt[0], s, cbt[1]);
         const __m512 b = _mm512_permutex2var_ps(cbt[2], s, cbt[3]);
         const __mmask16 b5 = _mm512_test_epi32_mask(s, _mm512_set1_epi32(32));
@@ -339,18 +342,14 @@ __attribute__((target("avx2,fma"))) static float dot_turboq3_avx2(const uint8_t 
             acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 32*kk + 8*j), v, acc);
         }
     }
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+    return hsum8(acc);
 }
 
 __attribute__((target("avx2,fma,f16c"))) static float dot_f16_avx2(const uint16_t * k, const float * q) {
     __m256 acc = _mm256_setzero_ps();
     for (int t = 0; t < N; t += 8)
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + t), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (k + t))), acc);
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+    return hsum8(acc);
 }
 
 // the groups, as many as a K cache row of this many bytes takes: out of L1 and L2, as in attention
