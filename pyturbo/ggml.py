@@ -49,6 +49,8 @@ class Ggml:
         b.ggml_type_name.argtypes = [C.c_int]
         b.ggml_is_turboq.restype = C.c_bool
         b.ggml_is_turboq.argtypes = [C.c_int]
+        b.ggml_is_turboq_trellis.restype = C.c_bool
+        b.ggml_is_turboq_trellis.argtypes = [C.c_int]
         b.ggml_turboq_group.restype = C.c_int
         b.ggml_turboq_group.argtypes = [C.c_int]
         b.ggml_init.restype = vp

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 from . import exact_window as _ew
 from . import layer_adaptive as _la
 from ._paths import use_patched_llama_cpp
-from .types import CACHE_TYPES, TURBOQ_TYPES, TWIN_TYPES, CacheType, requested_cache_type
+from .types import CACHE_TYPES, TRELLIS_TYPES, TURBOQ_TYPES, TWIN_TYPES, CacheType, requested_cache_type
 
 use_patched_llama_cpp()
 
@@ -115,7 +115,7 @@ class Llama(llama_cpp.Llama):
                 _check_type_id(kwargs[key])
         if layer_adaptive is None and _la.key() in (kwargs.get("kv_overrides") or {}):
             layer_adaptive = kwargs["kv_overrides"][_la.key()]  # the mode given as llama-cpp-python does
-        turboq_ids = {CACHE_TYPES[n].ggml_id for n in TURBOQ_TYPES}
+        turboq_ids = {CACHE_TYPES[n].ggml_id for n in TURBOQ_TYPES} | {t.ggml_id for t in TRELLIS_TYPES.values()}
         policy = _la.policies().get(layer_adaptive or 0)
         la_turboq = policy is not None and any(t in TURBOQ_TYPES for t in (policy.k_boundary, policy.v_boundary, policy.v_other))
         wants_turboq = kwargs.get("type_k") in turboq_ids or kwargs.get("type_v") in turboq_ids or la_turboq
@@ -196,7 +196,7 @@ def window_tokens(llm: llama_cpp.Llama, tokens: Any) -> Any:
 
 def _type_names(text: str) -> str:
     """'mismatched key type (8 != 61, layer 0)' -> '... (q8_0 in this context, turboq3 in the state, layer 0)'."""
-    names = {t.ggml_id: t.name for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values())}  # a layer may store a twin
+    names = {t.ggml_id: t.name for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values(), *TRELLIS_TYPES.values())}  # a layer may store a twin
 
     def sub(m: re.Match) -> str:
         here, saved = int(m.group(1)), int(m.group(2))
@@ -206,7 +206,8 @@ def _type_names(text: str) -> str:
 
 
 def _check_type_id(type_id: int) -> None:
-    # an id llama.cpp does not know aborts the whole process in ggml; refuse it here instead
-    if type_id not in {t.ggml_id for t in CACHE_TYPES.values()}:
+    # an id llama.cpp does not know aborts the whole process in ggml; refuse it here instead (libllama
+    # refuses a trellis type itself without PYTURBO_TRELLIS=1)
+    if type_id not in {t.ggml_id for t in (*CACHE_TYPES.values(), *TRELLIS_TYPES.values())}:
         names = ", ".join(f"{t.name}={t.ggml_id}" for t in CACHE_TYPES.values())
         raise ValueError(f"KV cache type id {type_id} is not a llama.cpp cache type; valid: {names}")

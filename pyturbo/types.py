@@ -5,6 +5,7 @@ KV-cache type. Names are the strings that llama.cpp's `-ctk/-ctv` take.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -77,6 +78,17 @@ TURBOQ_G32_TYPES = tuple(G32_TYPES)
 TURBOQ_G16_TYPES = tuple(G16_TYPES)
 
 
+# The trellis-coded types (issue 21): turboq3's and turboq2's bits and block sizes, values read through a
+# 64-state trellis. Experimental: ggml's CPU backend only, and libllama (so every tool, and
+# requested_cache_type here) takes them only with PYTURBO_TRELLIS=1 in the environment, a debug switch
+# for measuring them until every backend has them. The codec, the reference and kv_bytes take them.
+TRELLIS_TYPES: dict[str, CacheType] = {t.name: t for t in (
+    CacheType("turboq3t", 76, TURBOQ_GROUP, 50),
+    CacheType("turboq2t", 77, TURBOQ_GROUP, 34),
+)}
+TRELLIS_ENV = "PYTURBO_TRELLIS"
+
+
 def turboq_base(name: str | CacheType) -> str:
     """turboq2/3/4/8 for a turboq type or one of its twins (their layouts differ only in size);
     any other type's own name."""
@@ -89,7 +101,7 @@ def layer_cache_type(name: str | CacheType, head_dim: int) -> CacheType:
     turboq type stays where the head size is a multiple of 128, else takes the twin of the largest
     group in TWIN_GROUPS that divides it (none: the type itself, which llama.cpp refuses there)."""
     t = cache_type(name)
-    if t.is_turboq and t.block_size == TURBOQ_GROUP and head_dim % TURBOQ_GROUP:
+    if t.is_turboq and t.name not in TRELLIS_TYPES and t.block_size == TURBOQ_GROUP and head_dim % TURBOQ_GROUP:
         for g in TWIN_GROUPS:
             if head_dim % g == 0:
                 return TWIN_TYPES[f"{t.name}_g{g}"]
@@ -99,8 +111,12 @@ def layer_cache_type(name: str | CacheType, head_dim: int) -> CacheType:
 def requested_cache_type(name: str | CacheType) -> CacheType:
     """A cache type as a user asks for one (-ctk/-ctv, cache_type_k=): the names llama.cpp's tools take.
     A twin (_g64, _g32, _g16) is refused, saying which name to ask for: llama.cpp picks the twin per layer,
-    and given one directly it would skip the per-layer rule (and the flash-attention check)."""
+    and given one directly it would skip the per-layer rule (and the flash-attention check). A trellis type is
+    taken only with PYTURBO_TRELLIS=1 in the environment, as libllama takes it."""
     t = cache_type(name)
+    if t.name in TRELLIS_TYPES and os.environ.get(TRELLIS_ENV) != "1":
+        raise ValueError(f"KV cache type {t.name!r} is experimental (ggml's CPU backend only): llama.cpp's tools take it "
+                         f"with {TRELLIS_ENV}=1 in the environment, for measuring it; it is not a setting yet")
     if t.name in TWIN_TYPES:
         base, g = turboq_base(t), t.block_size
         raise ValueError(f"KV cache type {t.name!r} is the {g}-value form that llama.cpp stores for {base} on layers "
@@ -109,14 +125,14 @@ def requested_cache_type(name: str | CacheType) -> CacheType:
 
 
 def cache_type(name: str | CacheType) -> CacheType:
-    """Look a cache type up by name, case-insensitively, the twins (_g64, _g32, _g16) included (the codec,
-    the reference, memory sizes); ValueError lists the valid names. User settings go through
-    requested_cache_type."""
+    """Look a cache type up by name, case-insensitively, the twins (_g64, _g32, _g16) and the trellis types
+    included (the codec, the reference, memory sizes); ValueError lists the valid names. User settings go
+    through requested_cache_type."""
     if isinstance(name, CacheType):
         return name
     key = str(name).strip().lower()
     try:
-        return CACHE_TYPES[key] if key in CACHE_TYPES else TWIN_TYPES[key]
+        return CACHE_TYPES[key] if key in CACHE_TYPES else TWIN_TYPES[key] if key in TWIN_TYPES else TRELLIS_TYPES[key]
     except KeyError:
         valid = ", ".join(CACHE_TYPES)
         raise ValueError(f"unknown KV cache type {name!r}; valid types: {valid}") from None

@@ -307,6 +307,25 @@ def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):
     assert kld["turboq8"] <= 2 * kld["q8_0"] + 2e-6
 
 
+
+def test_trellis_types_run_behind_their_switch_and_beat_their_scalar_twins(tiny128, short_text, tmp_path):
+    """turboq3t and turboq2t (issue 21's trellis, experimental, CPU only) are refused without
+    PYTURBO_TRELLIS=1, saying so; with it, end to end on a random model (where KLD follows the
+    codec's MSE), each has less KLD than the scalar type of its bits, and gives it twice."""
+    r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128",
+                 "-ctk", "turboq3t", "-ctv", "turboq3t", check=False)
+    assert r.returncode > 0
+    assert "KV cache type turboq3t is experimental" in r.stderr + r.stdout and "PYTURBO_TRELLIS=1" in r.stderr + r.stdout
+    base = tmp_path / "f16.kld"
+    perplexity(tiny128, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
+    on = {"PYTURBO_TRELLIS": "1"}
+    kld = {t: perplexity(tiny128, short_text, t, t, ctx=256, chunks=3, kld_base=base, env=on).kld
+           for t in ("turboq3", "turboq3t", "turboq2", "turboq2t")}
+    print(f"tiny128 KLD vs f16: {kld}")
+    assert 0 < kld["turboq3t"] < 0.9 * kld["turboq3"]
+    assert 0 < kld["turboq2t"] < 0.9 * kld["turboq2"]
+    assert perplexity(tiny128, short_text, "turboq2t", "turboq2t", ctx=256, chunks=3, kld_base=base, env=on).kld == kld["turboq2t"]
+
 BAD_INPUT = [
     (("-fa", "off", "-ctk", "turboq3", "-ctv", "f16"), "requires flash_attn"),
     (("-ctk", "turboq5"), "turboq5"),

@@ -137,6 +137,21 @@ def thresholds() -> dict[str, np.ndarray]:
     return out
 
 
+TRELLIS_L = 6        # the trellis types' state bits: 64 states (bench/results/quality-per-bit.md)
+TRELLIS_BITS = {"turboq3t": 3, "turboq2t": 2}
+
+
+@lru_cache(maxsize=None)
+def trellis_codebooks() -> dict[str, np.ndarray]:
+    """float32 reconstruction values of the trellis types' 2^TRELLIS_L states, for one coordinate
+    of a rotated unit vector in R^128: pyturbo.lab.trellis's Lloyd-trained codebook (for unit
+    variance) over sqrt(128). The encoder and the decoders index it by state."""
+    from . import trellis  # it imports this module
+
+    return {name: (trellis.codebook(bits, TRELLIS_L) / np.sqrt(D)).astype(np.float32)
+            for name, bits in TRELLIS_BITS.items()}
+
+
 def theoretical_vector_mse(type_name: str) -> float:
     """For turboq2/3/4/8 (the _gN types are not covered)."""
     if type_name == "turboq8":
@@ -184,6 +199,11 @@ def render_header() -> str:
             parts.append(f"// {1 << b} levels; E||u - Q(u)||^2 = {g * lm.mse:.6f} for a unit vector in R^{g}")
             parts.append(f"TURBOQ_TABLE float turboq{b}_g{g}_centroids[{1 << b}] = {{\n{_c_floats(cbs[f'turboq{b}_g{g}'])}\n}};")
             parts.append(f"TURBOQ_TABLE float turboq{b}_g{g}_thresholds[{(1 << b) - 1}] = {{\n{_c_floats(thr[f'turboq{b}_g{g}'])}\n}};\n")
+    parts.append(f"// The trellis types: value t of a group is the entry of the state s_t = (s_(t-1) << bits | code_t)")
+    parts.append(f"// mod 2^{TRELLIS_L} (s_-1 = 0), Lloyd-trained with Viterbi paths (pyturbo/lab/trellis.py).")
+    parts.append(f"#define TURBOQ_TRELLIS_L {TRELLIS_L}")
+    for name, cb in trellis_codebooks().items():
+        parts.append(f"TURBOQ_TABLE float {name}_codebook[{len(cb)}] = {{\n{_c_floats(cb)}\n}};")
     parts.append("")
     parts.append(f"// uniform grid (i - 127.5) / 127.5; E||u - Q(u)||^2 ~= {grid8_vector_mse():.3e} for a unit vector")
     parts.append(f"TURBOQ_TABLE float turboq8_centroids[{GRID8_LEVELS}] = {{\n{_c_floats(cbs['turboq8'])}\n}};")

@@ -19,12 +19,17 @@ their own codebooks (turboq8's grid for turboq8_gN) and no reserved field in tur
   _g16 (16 values): read 16 for 128 (6, 8, 10, 18 B): turboq2_g16's qs[4] byte i holds values i,
     i+4, i+8, i+12; turboq3_g16's qh[2] byte i bit k the high bit of value i+2k; turboq4_g16's
     qs[8] byte i values i (low nibble) and i+8 (high)
+  turboq3t (50 B), turboq2t (34 B): f16 norm | the 3- (2-) bit codes c_0..c_127, most significant bit
+    first; the "index" of value t is the state s_t = (s_(t-1) << bits | c_t) mod 64 (s_-1 = 0), chosen by
+    pyturbo.lab.trellis.viterbi (the same float32 operations as ggml-turboq-trellis.h), and decodes
+    through the type's 64-entry trellis codebook.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .codebook import D, codebooks, rotation_signs, thresholds
+from . import trellis
+from .codebook import D, TRELLIS_BITS, TRELLIS_L, codebooks, rotation_signs, thresholds, trellis_codebooks
 from ..types import cache_type, turboq_base
 
 
@@ -77,7 +82,14 @@ def unrotate(y: np.ndarray) -> np.ndarray:
     return (fwht(y * s2) * np.float32(1.0 / np.sqrt(y.shape[-1]))) * s1
 
 
+def _levels(type_name: str) -> np.ndarray:
+    """The values an index (a state, for the trellis types) decodes to."""
+    return trellis_codebooks()[type_name] if type_name in TRELLIS_BITS else codebooks()[type_name]
+
+
 def _indices(type_name: str, y: np.ndarray) -> np.ndarray:
+    if type_name in TRELLIS_BITS:
+        return trellis.viterbi(y, _levels(type_name), TRELLIS_BITS[type_name]).astype(np.uint8)
     if _base(type_name) == "turboq8":
         a = np.max(np.abs(y), axis=-1, keepdims=True)
         t = _f32(127.5) / a
@@ -105,7 +117,7 @@ def encode_groups(type_name: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray
         v = u / r
         y = rotate(v)
         q = _indices(type_name, y)
-        c = codebooks()[type_name][q]
+        c = _levels(type_name)[q]
         cn = np.sqrt(tree_sum(c * c))[:, None]
         corrected = (am * r) / cn
     norms[ok] = np.minimum(corrected[:, 0], FP16_MAX).astype(np.float16)
@@ -118,7 +130,13 @@ def pack(type_name: str, norms: np.ndarray, idx: np.ndarray) -> np.ndarray:
     n, g = idx.shape
     base = _base(type_name)
     head = norms.astype("<f2").view(np.uint8).reshape(n, 2)
-    if base in ("turboq2", "turboq3"):
+    if type_name in TRELLIS_BITS:
+        k = TRELLIS_BITS[type_name]
+        bits = np.zeros((n, g * k), dtype=np.uint8)
+        for b in range(k):
+            bits[:, b::k] = (idx >> (k - 1 - b)) & 1
+        parts = [head, np.packbits(bits, axis=1)]
+    elif base in ("turboq2", "turboq3"):
         lo = idx & 3
         q = g // 4
         qs = (lo[:, 0:q] | (lo[:, q:2 * q] << 2) | (lo[:, 2 * q:3 * q] << 4) | (lo[:, 3 * q:] << 6)).astype(np.uint8)
@@ -142,7 +160,15 @@ def unpack(type_name: str, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     g, base = _group(type_name), _base(type_name)
     b = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, cache_type(type_name).block_bytes)
     norms = b[:, 0:2].copy().view("<f2")[:, 0]
-    if base in ("turboq2", "turboq3"):
+    if type_name in TRELLIS_BITS:
+        k = TRELLIS_BITS[type_name]
+        bits = np.unpackbits(b[:, 2:], axis=1).reshape(len(b), g, k)
+        codes = sum(bits[:, :, j].astype(np.int64) << (k - 1 - j) for j in range(k))
+        idx = np.zeros_like(codes)
+        for j in range(-(-TRELLIS_L // k)):  # s_t holds c_t, c_(t-1), ... up to TRELLIS_L bits
+            idx[:, j:] |= codes[:, :g - j] << (j * k)
+        idx &= (1 << TRELLIS_L) - 1
+    elif base in ("turboq2", "turboq3"):
         qs = b[:, 2:2 + g // 4]
         idx = np.concatenate([(qs >> s) & 3 for s in (0, 2, 4, 6)], axis=1)
         if base == "turboq3":
@@ -169,7 +195,7 @@ def dequantize(blocks: np.ndarray, type_name: str) -> np.ndarray:
     type_name = cache_type(type_name).name
     norms, idx = unpack(type_name, blocks)
     g = _group(type_name)
-    y = codebooks()[type_name][idx]
+    y = _levels(type_name)[idx]
     k = norms.astype(np.float32)[:, None] * np.float32(1.0 / np.sqrt(g))
     s1, s2 = _signs(g)
     return ((fwht(y * s2) * k) * s1).reshape(-1)

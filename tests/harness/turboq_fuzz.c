@@ -15,7 +15,8 @@ bool ggml_is_turboq(enum ggml_type type) { return type >= GGML_TYPE_TURBOQ2_0 &&
 int ggml_turboq_group(enum ggml_type type) {
     return ggml_is_turboq(type) ? 128 : type >= GGML_TYPE_TURBOQ2_G64 && type <= GGML_TYPE_TURBOQ8_G64 ? 64
          : type >= GGML_TYPE_TURBOQ2_G32 && type <= GGML_TYPE_TURBOQ8_G32 ? 32
-         : type >= GGML_TYPE_TURBOQ2_G16 && type <= GGML_TYPE_TURBOQ8_G16 ? 16 : 0;
+         : type >= GGML_TYPE_TURBOQ2_G16 && type <= GGML_TYPE_TURBOQ8_G16 ? 16
+         : type == GGML_TYPE_TURBOQ3_T || type == GGML_TYPE_TURBOQ2_T ? 128 : 0;
 }
 
 static size_t turboq_block_bytes(enum ggml_type type) {
@@ -36,6 +37,8 @@ static size_t turboq_block_bytes(enum ggml_type type) {
         case GGML_TYPE_TURBOQ3_G16: return 8;
         case GGML_TYPE_TURBOQ4_G16: return 10;
         case GGML_TYPE_TURBOQ8_G16: return 18;
+        case GGML_TYPE_TURBOQ3_T: return 50;
+        case GGML_TYPE_TURBOQ2_T: return 34;
         default: abort();
     }
 }
@@ -73,6 +76,8 @@ static const struct { quantize_fn quantize; dequantize_fn dequantize; } codecs[]
     { quantize_turboq3_g16, dequantize_row_turboq3_g16 },
     { quantize_turboq4_g16, dequantize_row_turboq4_g16 },
     { quantize_turboq8_g16, dequantize_row_turboq8_g16 },
+    { quantize_turboq3_t, dequantize_row_turboq3_t },
+    { quantize_turboq2_t, dequantize_row_turboq2_t },
 };
 
 int main(void) {

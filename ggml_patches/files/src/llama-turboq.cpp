@@ -360,6 +360,11 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
     if (!any || dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
         return;
     }
+    if (ggml_is_turboq_trellis(lt.type_k) || ggml_is_turboq_trellis(lt.type_v)) {
+        throw std::runtime_error(format("layer %u: its KV cache (K %s, V %s) is on %s, and the trellis types are the "
+            "CPU backend's only; keep the KV cache on the CPU (--no-kv-offload, offload_kqv=False)", il,
+            ggml_type_name(lt.type_k), ggml_type_name(lt.type_v), ggml_backend_dev_name(dev)));
+    }
     if (!k64 && !v64) {
         if (is_rpc(dev)) {
             return;
@@ -407,6 +412,13 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
 }
 
 void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t il, uint32_t n_embd_head) {
+    if (ggml_is_turboq_trellis(type)) {
+        // no 64-, 32- or 16-value trellis twins (yet): the experimental types take heads of 128 and 256
+        LLAMA_LOG_ERROR("%s: layer %u: %s cache %s: the trellis types store 128-value groups only, and this model's "
+            "head size is %u; the released %s takes it\n", __func__, il, side, ggml_type_name(type), n_embd_head,
+            type == GGML_TYPE_TURBOQ3_T ? "turboq3" : "turboq2");
+        return;
+    }
     if (!ggml_is_turboq(type)) {
         return;
     }

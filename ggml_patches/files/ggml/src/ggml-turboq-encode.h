@@ -12,6 +12,7 @@
 
 #include "ggml-turboq.h"
 #include "ggml-turboq-tables.h"
+#include "ggml-turboq-trellis.h"
 #include "ggml-impl.h"
 
 #include <math.h>
@@ -239,36 +240,41 @@ struct turboq_codebook {
     const float * centroids;
     const float * thresholds;
     int           n_thresholds;
+    int           trellis_bits;  // > 0: a trellis type, centroids its 2^TURBOQ_TRELLIS_L state values
 };
 
 static_assert(GGML_TYPE_TURBOQ2_G64 == GGML_TYPE_TURBOQ8_0 + 1 && GGML_TYPE_TURBOQ8_G64 == GGML_TYPE_TURBOQ2_0 + 7 &&
               GGML_TYPE_TURBOQ2_G32 == GGML_TYPE_TURBOQ8_G64 + 1 && GGML_TYPE_TURBOQ8_G32 == GGML_TYPE_TURBOQ2_0 + 11 &&
               GGML_TYPE_TURBOQ2_G16 == GGML_TYPE_TURBOQ8_G32 + 1 && GGML_TYPE_TURBOQ8_G16 == GGML_TYPE_TURBOQ2_0 + 15,
               "the turboq types are sixteen consecutive ids: turboq2/3/4/8, then their _G64, _G32 and _G16 twins");
+static_assert(GGML_TYPE_TURBOQ3_T == GGML_TYPE_TURBOQ8_G16 + 1 && GGML_TYPE_TURBOQ2_T == GGML_TYPE_TURBOQ8_G16 + 2,
+              "the trellis types follow the sixteen");
 
-// 0..15 for turboq2/3/4/8 and their _g64, _g32 and _g16 twins
+// 0..15 for turboq2/3/4/8 and their _g64, _g32 and _g16 twins, 16 and 17 for turboq3t and turboq2t
 static inline int turboq_type_index(enum ggml_type type) {
     GGML_ASSERT(ggml_turboq_group(type) != 0);
     return (int) (type - GGML_TYPE_TURBOQ2_0);
 }
 
 static const struct turboq_codebook turboq_codebooks[] = {
-    { TURBOQ_GROUP,  sizeof(block_turboq2_0),   turboq2_centroids,     turboq2_thresholds,     3  },
-    { TURBOQ_GROUP,  sizeof(block_turboq3_0),   turboq3_centroids,     turboq3_thresholds,     7  },
-    { TURBOQ_GROUP,  sizeof(block_turboq4_0),   turboq4_centroids,     turboq4_thresholds,     15 },
-    { TURBOQ_GROUP,  sizeof(block_turboq8_0),   turboq8_centroids,     NULL,                   0  },
-    { QK_TURBOQ_G64, sizeof(block_turboq2_g64), turboq2_g64_centroids, turboq2_g64_thresholds, 3  },
-    { QK_TURBOQ_G64, sizeof(block_turboq3_g64), turboq3_g64_centroids, turboq3_g64_thresholds, 7  },
-    { QK_TURBOQ_G64, sizeof(block_turboq4_g64), turboq4_g64_centroids, turboq4_g64_thresholds, 15 },
-    { QK_TURBOQ_G64, sizeof(block_turboq8_g64), turboq8_centroids,     NULL,                   0  },
-    { QK_TURBOQ_G32, sizeof(block_turboq2_g32), turboq2_g32_centroids, turboq2_g32_thresholds, 3  },
-    { QK_TURBOQ_G32, sizeof(block_turboq3_g32), turboq3_g32_centroids, turboq3_g32_thresholds, 7  },
-    { QK_TURBOQ_G32, sizeof(block_turboq4_g32), turboq4_g32_centroids, turboq4_g32_thresholds, 15 },
-    { QK_TURBOQ_G32, sizeof(block_turboq8_g32), turboq8_centroids,     NULL,                   0  },
-    { QK_TURBOQ_G16, sizeof(block_turboq2_g16), turboq2_g16_centroids, turboq2_g16_thresholds, 3  },
-    { QK_TURBOQ_G16, sizeof(block_turboq3_g16), turboq3_g16_centroids, turboq3_g16_thresholds, 7  },
-    { QK_TURBOQ_G16, sizeof(block_turboq4_g16), turboq4_g16_centroids, turboq4_g16_thresholds, 15 },
-    { QK_TURBOQ_G16, sizeof(block_turboq8_g16), turboq8_centroids,     NULL,                   0  },
+    { TURBOQ_GROUP,  sizeof(block_turboq2_0),   turboq2_centroids,     turboq2_thresholds,     3, 0  },
+    { TURBOQ_GROUP,  sizeof(block_turboq3_0),   turboq3_centroids,     turboq3_thresholds,     7, 0  },
+    { TURBOQ_GROUP,  sizeof(block_turboq4_0),   turboq4_centroids,     turboq4_thresholds,     15, 0 },
+    { TURBOQ_GROUP,  sizeof(block_turboq8_0),   turboq8_centroids,     NULL,                   0, 0  },
+    { QK_TURBOQ_G64, sizeof(block_turboq2_g64), turboq2_g64_centroids, turboq2_g64_thresholds, 3, 0  },
+    { QK_TURBOQ_G64, sizeof(block_turboq3_g64), turboq3_g64_centroids, turboq3_g64_thresholds, 7, 0  },
+    { QK_TURBOQ_G64, sizeof(block_turboq4_g64), turboq4_g64_centroids, turboq4_g64_thresholds, 15, 0 },
+    { QK_TURBOQ_G64, sizeof(block_turboq8_g64), turboq8_centroids,     NULL,                   0, 0  },
+    { QK_TURBOQ_G32, sizeof(block_turboq2_g32), turboq2_g32_centroids, turboq2_g32_thresholds, 3, 0  },
+    { QK_TURBOQ_G32, sizeof(block_turboq3_g32), turboq3_g32_centroids, turboq3_g32_thresholds, 7, 0  },
+    { QK_TURBOQ_G32, sizeof(block_turboq4_g32), turboq4_g32_centroids, turboq4_g32_thresholds, 15, 0 },
+    { QK_TURBOQ_G32, sizeof(block_turboq8_g32), turboq8_centroids,     NULL,                   0, 0  },
+    { QK_TURBOQ_G16, sizeof(block_turboq2_g16), turboq2_g16_centroids, turboq2_g16_thresholds, 3, 0  },
+    { QK_TURBOQ_G16, sizeof(block_turboq3_g16), turboq3_g16_centroids, turboq3_g16_thresholds, 7, 0  },
+    { QK_TURBOQ_G16, sizeof(block_turboq4_g16), turboq4_g16_centroids, turboq4_g16_thresholds, 15, 0 },
+    { QK_TURBOQ_G16, sizeof(block_turboq8_g16), turboq8_centroids,     NULL,                   0, 0  },
+    { TURBOQ_GROUP,  sizeof(block_turboq3_t),   turboq3t_codebook,     NULL,                   0, 3 },
+    { TURBOQ_GROUP,  sizeof(block_turboq2_t),   turboq2t_codebook,     NULL,                   0, 2 },
 };
 
 static inline const struct turboq_codebook * turboq_codebook_of(enum ggml_type type) {
@@ -282,7 +288,7 @@ static inline float turboq_inv_sqrt_group(int group) {
 }
 
 static inline int turboq_codebook_levels(const struct turboq_codebook * cb) {
-    return cb->thresholds ? cb->n_thresholds + 1 : 256;
+    return cb->trellis_bits ? 1 << TURBOQ_TRELLIS_L : cb->thresholds ? cb->n_thresholds + 1 : 256;
 }
 
 // ---- the algorithm ----
@@ -323,13 +329,18 @@ static inline float turboq_encode_group_with(const struct turboq_encode_steps * 
 
     turboq_rotate_group_with(st, v, s1, s2);
 
-    if (cb->thresholds) {
-        st->index_thresholds(cb->thresholds, cb->n_thresholds, v, idx);
+    if (cb->trellis_bits) {
+        // idx: the states, whose values an architecture's lookup (made for 16 levels at most) may not take
+        turboq_trellis_viterbi(cb->centroids, cb->trellis_bits, v, idx);
+        turboq_generic_lookup_n(cb->centroids, turboq_codebook_levels(cb), idx, t, g);
     } else {
-        st->index_grid(v, idx);
+        if (cb->thresholds) {
+            st->index_thresholds(cb->thresholds, cb->n_thresholds, v, idx);
+        } else {
+            st->index_grid(v, idx);
+        }
+        st->lookup(cb->centroids, turboq_codebook_levels(cb), idx, t);
     }
-
-    st->lookup(cb->centroids, turboq_codebook_levels(cb), idx, t);
     for (int i = 0; i < g; ++i) t[i] = t[i] * t[i];
     const float cn = sqrtf(st->tree_sum(t));
     const float norm = (amax * r) / cn;
@@ -341,7 +352,7 @@ static inline void turboq_quantize_row_with(const struct turboq_encode_steps * s
                                             const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k) {
     const struct turboq_codebook * cb = turboq_codebook_of(type);
     GGML_ASSERT(st->group == cb->group);
-    void (*const pack)(const uint8_t *, void *) = st->pack[turboq_type_index(type) % 4];
+    void (*const pack)(const uint8_t *, void *) = cb->trellis_bits ? NULL : st->pack[turboq_type_index(type) % 4];
     const float * s1;
     const float * s2;
     ggml_turboq_signs(&s1, &s2);
@@ -354,7 +365,11 @@ static inline void turboq_quantize_row_with(const struct turboq_encode_steps * s
         memset(blk, 0, cb->block_bytes); // also turboq4's reserved rnorm, always 0
         const ggml_half h = GGML_FP32_TO_FP16(norm);
         memcpy(blk, &h, sizeof(h)); // every layout starts with its fp16 norm
-        pack(idx, blk);
+        if (pack) {
+            pack(idx, blk);
+        } else {
+            turboq_trellis_pack(cb->trellis_bits, idx, (uint8_t *) blk + sizeof(ggml_half));
+        }
     }
 }
 

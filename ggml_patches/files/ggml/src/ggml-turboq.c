@@ -7,7 +7,8 @@
 //   2. u = x/amax, r = ||u|| (dividing first keeps huge and denormal inputs in range), v = u/r.
 //   3. y = D2.H.D1.v/sqrt(128): randomized Walsh-Hadamard rotation, signs in ggml-turboq-tables.h.
 //   4. idx_i = nearest level: the Lloyd-Max thresholds (turboq2/3/4), or for turboq8 the uniform
-//      grid (i - 127.5)/127.5 scaled to the group's absmax of y.
+//      grid (i - 127.5)/127.5 scaled to the group's absmax of y; for the trellis types (turboq3t,
+//      turboq2t) the states of the Viterbi path through a 64-state trellis (ggml-turboq-encode.h).
 //   5. norm = amax*r / ||c||, with c_i the chosen levels: the "corrected" norm makes the decoded
 //      group keep the input's L2 norm. Stored as fp16, saturated at 65504.
 // Decoding: x = norm * D1.H.D2.c/sqrt(128), i.e. values come back in the original domain, so
@@ -86,11 +87,20 @@ TURBOQ_DEFINE_UNPACK(_g64, _g64, QK_TURBOQ_G64)
 TURBOQ_DEFINE_UNPACK(_g32, _g32, QK_TURBOQ_G32)
 TURBOQ_DEFINE_UNPACK(_g16, _g16, QK_TURBOQ_G16)
 
+// the trellis types: their states, which index the codebook as the others' indices do
+static void turboq3t_unpack(const void * blk, uint8_t * idx) {
+    turboq_trellis_states(3, ((const block_turboq3_t *) blk)->qs, idx);
+}
+static void turboq2t_unpack(const void * blk, uint8_t * idx) {
+    turboq_trellis_states(2, ((const block_turboq2_t *) blk)->qs, idx);
+}
+
 static void (*const turboq_unpack[])(const void * blk, uint8_t * idx) = {
     turboq2_unpack,     turboq3_unpack,     turboq4_unpack,     turboq8_unpack,
     turboq2_g64_unpack, turboq3_g64_unpack, turboq4_g64_unpack, turboq8_g64_unpack,
     turboq2_g32_unpack, turboq3_g32_unpack, turboq4_g32_unpack, turboq8_g32_unpack,
     turboq2_g16_unpack, turboq3_g16_unpack, turboq4_g16_unpack, turboq8_g16_unpack,
+    turboq3t_unpack,    turboq2t_unpack,
 };
 
 float ggml_turboq_decode_rotated(enum ggml_type type, const void * GGML_RESTRICT block, float * GGML_RESTRICT out) {
@@ -152,3 +162,5 @@ TURBOQ_DEFINE_ENTRY_POINTS(2, _g16, GGML_TYPE_TURBOQ2_G16)
 TURBOQ_DEFINE_ENTRY_POINTS(3, _g16, GGML_TYPE_TURBOQ3_G16)
 TURBOQ_DEFINE_ENTRY_POINTS(4, _g16, GGML_TYPE_TURBOQ4_G16)
 TURBOQ_DEFINE_ENTRY_POINTS(8, _g16, GGML_TYPE_TURBOQ8_G16)
+TURBOQ_DEFINE_ENTRY_POINTS(3, _t, GGML_TYPE_TURBOQ3_T)
+TURBOQ_DEFINE_ENTRY_POINTS(2, _t, GGML_TYPE_TURBOQ2_T)

@@ -67,6 +67,14 @@ GGML_API size_t quantize_turboq3_g16(const float * GGML_RESTRICT src, void * GGM
 GGML_API size_t quantize_turboq4_g16(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
 GGML_API size_t quantize_turboq8_g16(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
 
+// the trellis types (turboq3t, turboq2t): 128-value groups, values read through a 64-state trellis
+GGML_API void quantize_row_turboq3_t_ref(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+GGML_API void quantize_row_turboq2_t_ref(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+GGML_API void dequantize_row_turboq3_t(const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t k);
+GGML_API void dequantize_row_turboq2_t(const void * GGML_RESTRICT x, float * GGML_RESTRICT y, int64_t k);
+GGML_API size_t quantize_turboq3_t(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
+GGML_API size_t quantize_turboq2_t(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
+
 // The seed of a build configured with PYTURBO_SIGN_SEED (a debug option: other rotation signs, for
 // every backend of that build), as text, or NULL for the shipped signs.
 GGML_API const char * ggml_turboq_sign_seed(void);

@@ -8,6 +8,7 @@
 #include "simd-mappings.h"
 #include "../ggml-turboq.h"
 #include "../ggml-turboq-tables.h"
+#include "../ggml-turboq-trellis.h"
 #include "../ggml-impl.h"
 
 #include "turboq-kernels.h"
@@ -66,6 +67,21 @@ TURBOQ_DEFINE_DECODE(_g16, _g16, QK_TURBOQ_G16)
 TURBOQ_DEFINE_DECODE(, _0, TURBOQ_GROUP)
 TURBOQ_DEFINE_DECODE(_g64, _g64, QK_TURBOQ_G64)
 #endif
+
+// the trellis types: generic only (bench/trellis_viterbi.c measured what AVX-512 and AVX2 versions
+// of this decoder would cost)
+static float turboq3t_decode(const void * vb, float * GGML_RESTRICT out) {
+    uint8_t st[TURBOQ_GROUP];
+    turboq_trellis_states(3, ((const block_turboq3_t *) vb)->qs, st);
+    for (int i = 0; i < TURBOQ_GROUP; ++i) out[i] = turboq3t_codebook[st[i]];
+    return turboq_block_norm(vb);
+}
+static float turboq2t_decode(const void * vb, float * GGML_RESTRICT out) {
+    uint8_t st[TURBOQ_GROUP];
+    turboq_trellis_states(2, ((const block_turboq2_t *) vb)->qs, st);
+    for (int i = 0; i < TURBOQ_GROUP; ++i) out[i] = turboq2t_codebook[st[i]];
+    return turboq_block_norm(vb);
+}
 
 // a[0..n) . b[0..n), eight partial sums
 #ifndef TURBOQ_ARCH_DOT
@@ -149,6 +165,8 @@ TURBOQ_DEFINE_FA_KERNELS(turboq2_g16, turboq2_g16, QK_TURBOQ_G16)
 TURBOQ_DEFINE_FA_KERNELS(turboq3_g16, turboq3_g16, QK_TURBOQ_G16)
 TURBOQ_DEFINE_FA_KERNELS(turboq4_g16, turboq4_g16, QK_TURBOQ_G16)
 TURBOQ_DEFINE_FA_KERNELS(turboq8_g16, turboq8_g16, QK_TURBOQ_G16)
+TURBOQ_DEFINE_FA_KERNELS(turboq3t, turboq3_t, TURBOQ_GROUP)
+TURBOQ_DEFINE_FA_KERNELS(turboq2t, turboq2_t, TURBOQ_GROUP)
 
 // a whole row, block norms applied
 #define TURBOQ_DEFINE_DECODE_ROW(NAME, TYPE, G)                                                                 \
@@ -164,6 +182,8 @@ TURBOQ_DEFINE_DECODE_ROW(turboq2_g16, turboq2_g16, QK_TURBOQ_G16)
 TURBOQ_DEFINE_DECODE_ROW(turboq3_g16, turboq3_g16, QK_TURBOQ_G16)
 TURBOQ_DEFINE_DECODE_ROW(turboq4_g16, turboq4_g16, QK_TURBOQ_G16)
 TURBOQ_DEFINE_DECODE_ROW(turboq8_g16, turboq8_g16, QK_TURBOQ_G16)
+TURBOQ_DEFINE_DECODE_ROW(turboq3t, turboq3_t, TURBOQ_GROUP)
+TURBOQ_DEFINE_DECODE_ROW(turboq2t, turboq2_t, TURBOQ_GROUP)
 
 // an arch file that defines TURBOQ_ARCH_DECODE_ROW decodes the rows of the other twelve types
 #ifndef TURBOQ_ARCH_DECODE_ROW
@@ -203,6 +223,8 @@ static const struct {
     [GGML_TYPE_TURBOQ3_G16 - GGML_TYPE_TURBOQ2_0] = { turboq3_g16_fa_kq_dot, turboq3_g16_fa_v_mad, turboq3_g16_decode_row },
     [GGML_TYPE_TURBOQ4_G16 - GGML_TYPE_TURBOQ2_0] = { turboq4_g16_fa_kq_dot, turboq4_g16_fa_v_mad, turboq4_g16_decode_row },
     [GGML_TYPE_TURBOQ8_G16 - GGML_TYPE_TURBOQ2_0] = { turboq8_g16_fa_kq_dot, turboq8_g16_fa_v_mad, turboq8_g16_decode_row },
+    [GGML_TYPE_TURBOQ3_T   - GGML_TYPE_TURBOQ2_0] = { turboq3t_fa_kq_dot,    turboq3t_fa_v_mad,    turboq3t_decode_row },
+    [GGML_TYPE_TURBOQ2_T   - GGML_TYPE_TURBOQ2_0] = { turboq2t_fa_kq_dot,    turboq2t_fa_v_mad,    turboq2t_decode_row },
 };
 
 ggml_vec_dot_t ggml_turboq_fa_kq_dot(enum ggml_type k_type) {

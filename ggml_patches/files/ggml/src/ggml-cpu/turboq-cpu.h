@@ -32,6 +32,8 @@ void quantize_row_turboq2_g16(const float * GGML_RESTRICT x, void * GGML_RESTRIC
 void quantize_row_turboq3_g16(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
 void quantize_row_turboq4_g16(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
 void quantize_row_turboq8_g16(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+void quantize_row_turboq3_t(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+void quantize_row_turboq2_t(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
 
 // The rotation y = D2.H.D1.x/sqrt(g) of each g-group of x[0..n), in place, and its inverse, with g
 // the group of turboq type `type` (128, or 64, 32 and 16 for the _g64, _g32 and _g16 types).
@@ -56,6 +58,8 @@ void ggml_vec_dot_turboq2_g16_f32(int n, float * GGML_RESTRICT s, size_t bs, con
 void ggml_vec_dot_turboq3_g16_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
 void ggml_vec_dot_turboq4_g16_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
 void ggml_vec_dot_turboq8_g16_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
+void ggml_vec_dot_turboq3_t_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
+void ggml_vec_dot_turboq2_t_f32(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy, size_t by, int nrc);
 
 // flash attention, rotated domain
 typedef void (*ggml_turboq_fa_v_mad_t)(int64_t n, float * GGML_RESTRICT acc, const void * GGML_RESTRICT v, float w);

@@ -40,6 +40,8 @@ TURBOQ_DEFINE_QUANTIZE_ROW(2, _g16, GGML_TYPE_TURBOQ2_G16)
 TURBOQ_DEFINE_QUANTIZE_ROW(3, _g16, GGML_TYPE_TURBOQ3_G16)
 TURBOQ_DEFINE_QUANTIZE_ROW(4, _g16, GGML_TYPE_TURBOQ4_G16)
 TURBOQ_DEFINE_QUANTIZE_ROW(8, _g16, GGML_TYPE_TURBOQ8_G16)
+TURBOQ_DEFINE_QUANTIZE_ROW(3, _t, GGML_TYPE_TURBOQ3_T)
+TURBOQ_DEFINE_QUANTIZE_ROW(2, _t, GGML_TYPE_TURBOQ2_T)
 
 void ggml_turboq_cpu_rotate(enum ggml_type type, float * x, int64_t n) {
     const struct turboq_encode_steps * st = turboq_steps_for(type, &turboq_cpu_steps);

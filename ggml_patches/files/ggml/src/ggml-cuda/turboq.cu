@@ -61,7 +61,7 @@ static bool tq_twins_enabled() {
 // The _g16 twins' flash attention (head size 80, which the packed kernel's 32-lane rows do not
 // divide) runs in the mainline kernels on K/V converted to f16 (fattn.cu).
 bool ggml_cuda_turboq_type(const ggml_type type) {
-    return ggml_is_turboq(type) || (ggml_turboq_group(type) != 0 && tq_twins_enabled());
+    return ggml_is_turboq(type) || (ggml_turboq_group(type) != 0 && !ggml_is_turboq_trellis(type) && tq_twins_enabled());
 }
 
 template <ggml_type type, typename src_t, typename idx_t>
