@@ -7,7 +7,7 @@ times: build-aarch64/ (cross-compiled, run with qemu-aarch64), build-scalar/ and
 last runs on an x86 machine with AVX2; it skips on one without). Inputs are generated
 here, written to files, and the harness's results are compared with pyturbo.lab.reference:
 - the codec (SET_ROWS into the cache, GET_ROWS back) bit for bit, over a few hundred groups (128
-  values, or 64/32/16 for the _g64/_g32/_g16 twins) that include zeros, NaN/Inf rows, huge and subnormal values;
+  values, or 64/32/16 for the _g64/_g32/_g16 twins; the trellis types too) that include zeros, NaN/Inf rows, huge and subnormal values;
 - flash attention within the x86 tests' tolerance (1e-4 of the output scale, as in
   test_flash_attn_tiled.py) against float64 attention over the reference-decoded cache, on
   the tiled path and on the one-row path (TURBOQ_FA_TILED=0, and ggml's use_ref).
@@ -26,14 +26,14 @@ import pytest
 
 from pyturbo.lab import reference
 from pyturbo._paths import build_dirs
-from pyturbo.types import TURBOQ_TWIN_TYPES, cache_type
+from pyturbo.types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, cache_type
 
 from helpers import causal_mask, decoded  # tests/ is on sys.path (pytest prepend mode)
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = os.environ.get("CI") == "true" or os.environ.get("PYTURBO_REQUIRE_PORTABLE") == "1"
 TOL = 1e-4
-TURBOQ = ["turboq2", "turboq3", "turboq4", "turboq8", *TURBOQ_TWIN_TYPES]
+TURBOQ = ["turboq2", "turboq3", "turboq4", "turboq8", *TURBOQ_TWIN_TYPES, *TRELLIS_TYPES]
 
 
 def _runner(name: str) -> list[str]:
@@ -138,6 +138,9 @@ FA_CASES = [
     ("turboq3_g16", "turboq3_g16", 80, 8, 2, 1, 300, 2, "tiled", 0.0),
     ("turboq4_g16", "turboq2_g16", 48, 4, 1, 8, 300, 1, "tiled", 5.0),
     ("turboq2_g16", "turboq8_g16", 80, 8, 2, 8, 300, 1, "onerow", 0.0),
+    # the trellis types (experimental): their decoders on each instruction set
+    ("turboq3t", "turboq2t", 128, 4, 1, 8, 300, 2, "tiled", 0.0),
+    ("turboq2t", "turboq3t", 256, 4, 1, 1, 200, 1, "onerow", 0.0),
 ]
 
 

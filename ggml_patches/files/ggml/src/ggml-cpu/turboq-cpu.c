@@ -68,18 +68,20 @@ TURBOQ_DEFINE_DECODE(, _0, TURBOQ_GROUP)
 TURBOQ_DEFINE_DECODE(_g64, _g64, QK_TURBOQ_G64)
 #endif
 
-// the trellis types: generic only (bench/trellis_viterbi.c measured what AVX-512 and AVX2 versions
-// of this decoder would cost)
-static float turboq3t_decode(const void * vb, float * GGML_RESTRICT out) {
+// the trellis types: a block's values (unscaled) from its k-bit code stream qs and the type's table cb
+#ifndef TURBOQ_ARCH_TRELLIS_DECODE
+static inline void turboq_trellis_decode(const int k, const uint8_t * qs, const float * cb, float * GGML_RESTRICT out) {
     uint8_t st[TURBOQ_GROUP];
-    turboq_trellis_states(3, ((const block_turboq3_t *) vb)->qs, st);
-    for (int i = 0; i < TURBOQ_GROUP; ++i) out[i] = turboq3t_codebook[st[i]];
+    turboq_trellis_states(k, qs, st);
+    for (int i = 0; i < TURBOQ_GROUP; ++i) out[i] = cb[st[i]];
+}
+#endif
+static float turboq3t_decode(const void * vb, float * GGML_RESTRICT out) {
+    turboq_trellis_decode(3, ((const block_turboq3_t *) vb)->qs, turboq3t_codebook, out);
     return turboq_block_norm(vb);
 }
 static float turboq2t_decode(const void * vb, float * GGML_RESTRICT out) {
-    uint8_t st[TURBOQ_GROUP];
-    turboq_trellis_states(2, ((const block_turboq2_t *) vb)->qs, st);
-    for (int i = 0; i < TURBOQ_GROUP; ++i) out[i] = turboq2t_codebook[st[i]];
+    turboq_trellis_decode(2, ((const block_turboq2_t *) vb)->qs, turboq2t_codebook, out);
     return turboq_block_norm(vb);
 }
 
