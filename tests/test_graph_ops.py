@@ -14,6 +14,7 @@ import pytest
 from pyturbo.lab import reference
 from pyturbo.ggml import InitParams
 from pyturbo.types import TRELLIS_TYPES, TURBOQ_TYPES, cache_type
+from helpers import special_groups
 
 # the CPU backend's quantizer (its from_float, with this machine's SIMD steps) writes what the reference writes
 CPU_TYPES = TURBOQ_TYPES + tuple(TRELLIS_TYPES)
@@ -60,6 +61,27 @@ def test_cpy_into_turboq_is_the_codec(lib, rng, type_name, src_type):
 
     got = graph_run(lib, build)
     np.testing.assert_array_equal(got, reference.quantize(src.astype(np.float32), type_name))
+
+
+@pytest.mark.parametrize("type_name", CPU_TYPES)
+def test_cpy_of_special_groups_is_the_codec(lib, rng, type_name):
+    """The CPU backend's quantizer (its SIMD steps, and the trellis types' AVX2 Viterbi search) on
+    the groups where it could part from the reference: zeros, NaN/Inf, huge, tiny and denormal
+    values, constant and one-hot groups. (Equal path costs, where the search must keep the first
+    minimum, are too rare here to test; tests/test_kvlab.py makes them common for the same loop in
+    bench/trellis_viterbi.c with a coarse codebook.)"""
+    t = cache_type(type_name)
+    x = np.concatenate(list(special_groups(rng).values())).astype(np.float32)
+    n = len(x)
+
+    def build(b, ctx):
+        a = b.ggml_new_tensor_4d(ctx, cache_type("f32").ggml_id, 128, n, 1, 1)
+        q = b.ggml_new_tensor_4d(ctx, t.ggml_id, 128, n, 1, 1)
+        fill(b, a, x)
+        out = b.ggml_cpy(ctx, a, q)
+        return out, lambda: read(b, out, np.uint8, n * t.block_bytes)
+
+    np.testing.assert_array_equal(graph_run(lib, build), reference.quantize(x, type_name))
 
 
 @pytest.mark.parametrize("type_name", CPU_TYPES)

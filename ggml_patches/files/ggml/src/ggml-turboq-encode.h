@@ -10,6 +10,15 @@
 //
 // The includer defines GGML_COMMON_DECL_* and includes ggml-common.h first.
 
+// No fused multiply-add, whatever the build flags (GCC takes -ffp-contract=off from CMake and
+// ignores this pragma; clang and MSVC honour theirs), from here to the end of the includer: the
+// trellis encoder below (ggml-turboq-trellis.h) too
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(_MSC_VER)
+#pragma fp_contract(off)
+#endif
+
 #include "ggml-turboq.h"
 #include "ggml-turboq-tables.h"
 #include "ggml-turboq-trellis.h"
@@ -19,14 +28,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-
-// No fused multiply-add, whatever the build flags (GCC takes -ffp-contract=off from CMake and
-// ignores this pragma; clang and MSVC honour theirs)
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#elif defined(_MSC_VER)
-#pragma fp_contract(off)
-#endif
 
 #define TURBOQ_FP16_MAX 65504.0f
 
@@ -44,6 +45,8 @@ struct turboq_encode_steps {
     void  (*index_grid)(const float * y, uint8_t * idx);        // turboq8's uniform grid
     void  (*lookup)(const float * tab, int n_tab, const uint8_t * idx, float * out); // out_i = tab[idx_i]
     void  (*pack[4])(const uint8_t * idx, void * blk);          // turboq2, 3, 4, 8: indices into the block
+    // the trellis types' Viterbi search (ggml-turboq-trellis.h), the same paths; NULL: the generic one
+    void  (*trellis_viterbi)(const float * cb, int k, const float * y, uint8_t * states);
 };
 
 // ---- generic steps ----
@@ -331,7 +334,7 @@ static inline float turboq_encode_group_with(const struct turboq_encode_steps * 
 
     if (cb->trellis_bits) {
         // idx: the states, whose values an architecture's lookup (made for 16 levels at most) may not take
-        turboq_trellis_viterbi(cb->centroids, cb->trellis_bits, v, idx);
+        (st->trellis_viterbi ? st->trellis_viterbi : turboq_trellis_viterbi)(cb->centroids, cb->trellis_bits, v, idx);
         turboq_generic_lookup_n(cb->centroids, turboq_codebook_levels(cb), idx, t, g);
     } else {
         if (cb->thresholds) {

@@ -13,16 +13,25 @@
 // k-bit code of value t (k = 3 or 2, L = TURBOQ_TRELLIS_L); the block stores the codes one after
 // another, most significant bit first, so s_t is also the L stream bits that end with c_t. The
 // encoder takes the path of least squared error over the whole group (Viterbi), keeping the first
-// minimum on ties; pyturbo/lab/trellis.py's viterbi is the same float32 operations in the same order.
-
-// no fused multiply-add in the encoder's costs (see ggml-turboq-encode.h)
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#elif defined(_MSC_VER)
-#pragma fp_contract(off)
-#endif
+// minimum on ties; pyturbo/lab/trellis.py's viterbi is the same float32 operations in the same order,
+// provided no multiply-add is fused: the encoder's users include it through ggml-turboq-encode.h,
+// which turns contraction off, and are built with -ffp-contract=off.
 
 #define TURBOQ_TRELLIS_STATES (1 << TURBOQ_TRELLIS_L)
+
+// the best path's states from the final costs (the first minimum) and the back-pointers: back[t][p]
+// is the h of the cheapest predecessor h*lo + p of the states m with m >> k == p at step t
+static inline void turboq_trellis_trace_back(const int k, const float * cost, uint8_t back[][TURBOQ_TRELLIS_STATES],
+                                             uint8_t * states) {
+    const int lo = TURBOQ_TRELLIS_STATES >> k;
+    int s = 0;
+    for (int m = 1; m < TURBOQ_TRELLIS_STATES; ++m) s = cost[m] < cost[s] ? m : s;
+    for (int t = TURBOQ_GROUP - 1; t >= 0; --t) {
+        states[t] = (uint8_t) s;
+        const int p = s >> k;
+        s = back[t][p]*lo + p;
+    }
+}
 
 // y: a rotated unit group; states[t] = s_t of the best path
 static inline void turboq_trellis_viterbi(const float * cb, int k, const float * y, uint8_t * states) {
@@ -30,7 +39,7 @@ static inline void turboq_trellis_viterbi(const float * cb, int k, const float *
     const int lo = S >> k;  // state m's predecessors are h*lo + (m >> k), h < 2^k
     float cost[S];
     float best[S];
-    uint8_t back[TURBOQ_GROUP][S];  // per (t, p): the h of the cheapest predecessor of the states m >> k == p
+    uint8_t back[TURBOQ_GROUP][S];  // turboq_trellis_trace_back's
     for (int m = 0; m < S; ++m) cost[m] = m == 0 ? 0.0f : INFINITY;
     for (int t = 0; t < TURBOQ_GROUP; ++t) {
         uint8_t * bt = back[t];
@@ -48,13 +57,7 @@ static inline void turboq_trellis_viterbi(const float * cb, int k, const float *
             cost[m] = best[m >> k] + d*d;
         }
     }
-    int s = 0;
-    for (int m = 1; m < S; ++m) s = cost[m] < cost[s] ? m : s;
-    for (int t = TURBOQ_GROUP - 1; t >= 0; --t) {
-        states[t] = (uint8_t) s;
-        const int p = s >> k;
-        s = back[t][p]*lo + p;
-    }
+    turboq_trellis_trace_back(k, cost, back, states);
 }
 
 static inline void turboq_trellis_pack(int k, const uint8_t * states, uint8_t * qs) {

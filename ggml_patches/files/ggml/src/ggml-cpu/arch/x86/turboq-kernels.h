@@ -101,6 +101,58 @@ static inline void turboq_avx2_div_square(const float * x, float d, float * y, f
     }
 }
 
+// The trellis types' Viterbi search (ggml-turboq-trellis.h's, with 8 states a register): state
+// m = 8i + l of cost register i takes its best predecessor's cost best[m >> k], which sits in best
+// register (8i >> k) / 8 at lane (8i >> k) % 8 + (l >> k). The same compares (first minimum on ties),
+// adds and multiplies as the generic search, so the same path (bench/trellis_viterbi.c measured
+// 3.2 us a group where the compiler-vectorized generic one took 15).
+static inline void turboq_avx2_trellis_viterbi_k(const float * cb, const int k, const float * y, uint8_t * states) {
+    enum { S = TURBOQ_TRELLIS_STATES, NV = S/8 };
+    const int nb = (S >> k)/8;
+    __m256 cost[NV], best[NV], cbv[NV];
+    __m256i lane_of[NV];
+    uint8_t back[TURBOQ_GROUP][S];
+    for (int i = 0; i < NV; ++i) {
+        cbv[i]  = _mm256_loadu_ps(cb + 8*i);
+        cost[i] = _mm256_set1_ps(INFINITY);
+        lane_of[i] = _mm256_add_epi32(_mm256_set1_epi32(((8*i) >> k) % 8),
+                                      _mm256_srlv_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(k)));
+    }
+    cost[0] = _mm256_setr_ps(0.0f, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY);
+    for (int t = 0; t < TURBOQ_GROUP; ++t) {
+        for (int j = 0; j < nb; ++j) {
+            __m256 b = cost[j];
+            __m256i id = _mm256_setzero_si256();
+            for (int h = 1; h < (1 << k); ++h) {
+                const __m256 c  = cost[h*nb + j];
+                const __m256 lt = _mm256_cmp_ps(c, b, _CMP_LT_OQ);
+                b  = _mm256_blendv_ps(b, c, lt);
+                id = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(id), _mm256_castsi256_ps(_mm256_set1_epi32(h)), lt));
+            }
+            best[j] = b;
+            const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(id), _mm256_extracti128_si256(id, 1));
+            _mm_storel_epi64((__m128i *) (back[t] + 8*j), _mm_packus_epi16(w, w));
+        }
+        const __m256 yt = _mm256_set1_ps(y[t]);
+        for (int i = 0; i < NV; ++i) {
+            const __m256 e = _mm256_permutevar8x32_ps(best[((8*i) >> k) / 8], lane_of[i]);
+            const __m256 d = _mm256_sub_ps(yt, cbv[i]);
+            cost[i] = _mm256_add_ps(e, _mm256_mul_ps(d, d));
+        }
+    }
+    float c[S];
+    for (int i = 0; i < NV; ++i) _mm256_storeu_ps(c + 8*i, cost[i]);
+    turboq_trellis_trace_back(k, c, back, states);
+}
+
+static inline void turboq_avx2_trellis_viterbi(const float * cb, int k, const float * y, uint8_t * states) {
+    if (k == 3) {
+        turboq_avx2_trellis_viterbi_k(cb, 3, y, states);
+    } else {
+        turboq_avx2_trellis_viterbi_k(cb, 2, y, states);
+    }
+}
+
 // a struct turboq_encode_steps initializer (the index and pack steps are the generic ones)
 #define TURBOQ_ARCH_ENCODE_STEPS {                                                                    \
     .group            = TURBOQ_GROUP,                                                                 \
@@ -113,6 +165,7 @@ static inline void turboq_avx2_div_square(const float * x, float d, float * y, f
     .index_grid       = turboq_generic_index_grid,                                                     \
     .lookup           = turboq_generic_lookup,                                                        \
     .pack             = { turboq_generic_pack2, turboq_generic_pack3, turboq_generic_pack4, turboq_generic_pack8 }, \
+    .trellis_viterbi  = turboq_avx2_trellis_viterbi,                                                  \
 }
 
 static inline __m256i turboq_bytes8(const uint8_t * p) {
@@ -343,38 +396,49 @@ static inline void turboq_mad(float * GGML_RESTRICT acc, const float * GGML_REST
 
 // The trellis types (ggml-turboq-trellis.h): value t's state is the 6 code bits that end at bit
 // k(t+1) of the stream, so 8 values at t0 (k*t0 a multiple of 8) read one 32-bit window, the stream
-// bits [k*t0 - 8, k*t0 + 24) (zero before the stream; k = 2 stops at the block's end), each lane
-// shifting it by its own amount; the 64-entry table is eight registers of 8 (AVX2: eight permutes,
-// then blends by state bits 3, 4 and 5) or four of 16 (AVX-512: two two-register permutes, one
-// blend). bench/trellis_viterbi.c measured these shapes: 37 and 16 ns a group with a dot product,
-// against 15 for turboq3's decoder.
+// bits [k*t0 - 8, k*t0 + 24), each lane shifting it by its own amount; the 64-entry table is eight
+// registers of 8 (AVX2: eight permutes, then blends by state bits 3, 4 and 5) or four of 16
+// (AVX-512: two two-register permutes, one blend). bench/trellis_viterbi.c measured these shapes:
+// 37 and 16 ns a group with a dot product, against 15 for turboq3's decoder.
 #define TURBOQ_ARCH_TRELLIS_DECODE 1
 
-static inline __m256i turboq_avx2_trellis_states8(const int k, const uint8_t * qs, const int t0) {
-    const int b = k*t0/8;
-    const uint32_t w = (t0 ? (uint32_t) qs[b - 1] << 24 : 0u) | (uint32_t) qs[b] << 16 | (uint32_t) qs[b + 1] << 8 |
-                       (k == 3 ? (uint32_t) qs[b + 2] : 0u);
-    const __m256i sh = _mm256_sub_epi32(_mm256_set1_epi32(24 - k),
-                                        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(k)));
-    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int) w), sh), _mm256_set1_epi32(TURBOQ_TRELLIS_STATES - 1));
+// The window of values t0..t0+7, zero before the stream. Its loads stay within the block: the
+// fp16 norm precedes the codes, and turboq2t's window (three bytes) is read from a byte earlier.
+static inline uint32_t turboq_trellis_window(const int k, const uint8_t * qs, const int t0) {
+    uint32_t w;
+    memcpy(&w, qs + k*t0/8 - (k == 3 ? 1 : 2), sizeof(w));
+#if defined(_MSC_VER)
+    w = _byteswap_ulong(w);
+#else
+    w = __builtin_bswap32(w);
+#endif
+    w = k == 3 ? w : w << 8;
+    return t0 ? w : w & 0x00FFFFFFu;
 }
 
 static inline void turboq_trellis_decode(const int k, const uint8_t * qs, const float * cb, float * GGML_RESTRICT out) {
 #if defined(__AVX512F__)
+    const __m512i l8 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512i sh = _mm512_sub_epi32(_mm512_set1_epi32(24 - k), _mm512_mullo_epi32(l8, _mm512_set1_epi32(k)));
+    const __m512i mask = _mm512_set1_epi32(TURBOQ_TRELLIS_STATES - 1);
     __m512 c[4];
     for (int i = 0; i < 4; ++i) c[i] = _mm512_loadu_ps(cb + 16*i);
     for (int t0 = 0; t0 < TURBOQ_GROUP; t0 += 16) {
-        const __m512i st = _mm512_inserti64x4(_mm512_castsi256_si512(turboq_avx2_trellis_states8(k, qs, t0)),
-                                              turboq_avx2_trellis_states8(k, qs, t0 + 8), 1);
+        const __m512i w = _mm512_mask_mov_epi32(_mm512_set1_epi32((int) turboq_trellis_window(k, qs, t0)), 0xff00,
+                                                _mm512_set1_epi32((int) turboq_trellis_window(k, qs, t0 + 8)));
+        const __m512i st = _mm512_and_si512(_mm512_srlv_epi32(w, sh), mask);
         const __m512 lo = _mm512_permutex2var_ps(c[0], st, c[1]);
         const __m512 hi = _mm512_permutex2var_ps(c[2], st, c[3]);
         _mm512_storeu_ps(out + t0, _mm512_mask_mov_ps(lo, _mm512_test_epi32_mask(st, _mm512_set1_epi32(32)), hi));
     }
 #else
+    const __m256i sh = _mm256_sub_epi32(_mm256_set1_epi32(24 - k),
+                                        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(k)));
+    const __m256i mask = _mm256_set1_epi32(TURBOQ_TRELLIS_STATES - 1);
     __m256 c[8];
     for (int i = 0; i < 8; ++i) c[i] = _mm256_loadu_ps(cb + 8*i);
     for (int t0 = 0; t0 < TURBOQ_GROUP; t0 += 8) {
-        const __m256i st = turboq_avx2_trellis_states8(k, qs, t0);
+        const __m256i st = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int) turboq_trellis_window(k, qs, t0)), sh), mask);
         __m256 r[8];
         for (int i = 0; i < 8; ++i) r[i] = _mm256_permutevar8x32_ps(c[i], st);
         // blendv reads the sign bit: bits 3, 4 and 5 of the state moved there
