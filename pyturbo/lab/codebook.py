@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .._paths import REPO_ROOT
-from ..types import TWIN_GROUPS  # the twins' groups: 64, 32 and 16
+from ..types import TRELLIS_TYPES, TWIN_GROUPS  # the twins' groups: 64, 32 and 16
 from . import signs as _signs
 from .signs import D, SIGN_SEED  # noqa: F401 (the lab and hf/ import them from here)
 
@@ -138,7 +138,7 @@ def thresholds() -> dict[str, np.ndarray]:
 
 
 TRELLIS_L = 6        # the trellis types' state bits: 64 states (bench/results/quality-per-bit.md)
-TRELLIS_BITS = {"turboq3t": 3, "turboq2t": 2}
+TRELLIS_BITS = {name: int(name[len("turboq")]) for name in TRELLIS_TYPES}  # code bits per value: turboq3t 3
 
 
 @lru_cache(maxsize=None)
