@@ -333,17 +333,15 @@ static inline float turboq_encode_group_with(const struct turboq_encode_steps * 
     turboq_rotate_group_with(st, v, s1, s2);
 
     if (cb->trellis_bits) {
-        // idx: the states, whose values an architecture's lookup (made for 16 levels at most) may not take
+        // idx: the states, which index the trellis codebook as the others' indices do theirs
         (st->trellis_viterbi ? st->trellis_viterbi : turboq_trellis_viterbi)(cb->centroids, cb->trellis_bits, v, idx);
-        turboq_generic_lookup_n(cb->centroids, turboq_codebook_levels(cb), idx, t, g);
+    } else if (cb->thresholds) {
+        st->index_thresholds(cb->thresholds, cb->n_thresholds, v, idx);
     } else {
-        if (cb->thresholds) {
-            st->index_thresholds(cb->thresholds, cb->n_thresholds, v, idx);
-        } else {
-            st->index_grid(v, idx);
-        }
-        st->lookup(cb->centroids, turboq_codebook_levels(cb), idx, t);
+        st->index_grid(v, idx);
     }
+
+    st->lookup(cb->centroids, turboq_codebook_levels(cb), idx, t);
     for (int i = 0; i < g; ++i) t[i] = t[i] * t[i];
     const float cn = sqrtf(st->tree_sum(t));
     const float norm = (amax * r) / cn;

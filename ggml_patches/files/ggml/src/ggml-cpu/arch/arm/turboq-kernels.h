@@ -86,7 +86,8 @@ static inline void turboq_neon_div_square(const float * x, float d, float * y, f
     }
 }
 
-// out_i = tab[idx_i], i < n (a multiple of 16); n_tab is 4, 8, 16 or 256 (the generic loop for 256)
+// out_i = tab[idx_i], i < n (a multiple of 16); n_tab is 4, 8, 16, or 64 (the trellis types) or 256
+// (turboq8), which take the generic loop
 static inline void turboq_neon_lookup_n(const float * tab, int n_tab, const uint8_t * idx, float * out, int n) {
     if (n_tab > 16) {
         for (int i = 0; i < n; ++i) out[i] = tab[idx[i]];
