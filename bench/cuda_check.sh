@@ -11,7 +11,8 @@
 #        configure + build test-backend-ops and llama-bench (-j16), run test-backend-ops on CUDA0
 #        (SET_ROWS, GET_ROWS, CPY, FLASH_ATTN_EXT; fails unless CUDA0 ran N/N tests with N > 0),
 #        and the turboq FA cases again with GGML_CUDA_TURBOQ_FA=packed (the packed-block kernel at
-#        every batch size), the _g64/_g32/_g16 twins' cases with GGML_CUDA_TURBOQ_TWINS=1, then
+#        every batch size), the _g64/_g32/_g16 twins' and the trellis types' cases with
+#        GGML_CUDA_TURBOQ_TWINS=1, then
 #        llama-bench -ngl 99 -fa 1 -p 512 -n 64 -d 0,8192,32768 for each configuration, on the
 #        zero-weight 8B-shaped model first, and one ratio table to f16.
 #
@@ -198,13 +199,14 @@ tbo cpy             -o CPY
 tbo cpy-turboq      -o CPY -p "$TQF"
 tbo fa-turboq       -o FLASH_ATTN_EXT -p "$TQF"
 GGML_CUDA_TURBOQ_FA=packed tbo fa-turboq-packed -o FLASH_ATTN_EXT -p "$TQF"
-# the _g64/_g32/_g16 twins (head sizes 64, 96, 192, MLA's 576; 80), which CUDA declines unless
-# GGML_CUDA_TURBOQ_TWINS=1: their kernels have run only under CPU emulation (tests/test_cuda_emulation.py)
+# the _g64/_g32/_g16 twins (head sizes 64, 96, 192, MLA's 576; 80) and the trellis types turboq3t
+# and turboq2t, which CUDA declines unless GGML_CUDA_TURBOQ_TWINS=1: their kernels have run only
+# under CPU emulation (tests/test_cuda_emulation.py)
 for op in SET_ROWS GET_ROWS CPY FLASH_ATTN_EXT; do
-    GGML_CUDA_TURBOQ_TWINS=1 tbo "twins-$op" -o "$op" -p 'turboq[2348]_g(64|32|16)'
+    GGML_CUDA_TURBOQ_TWINS=1 tbo "twins-$op" -o "$op" -p 'turboq[2348]_g(64|32|16)|turboq[23]t'
 done
 # the packed kernel has no _g16 cases (head size 80 converts K/V to f16 for mainline's kernels)
-GGML_CUDA_TURBOQ_TWINS=1 GGML_CUDA_TURBOQ_FA=packed tbo twins-fa-packed -o FLASH_ATTN_EXT -p 'turboq[2348]_g(64|32)'
+GGML_CUDA_TURBOQ_TWINS=1 GGML_CUDA_TURBOQ_FA=packed tbo twins-fa-packed -o FLASH_ATTN_EXT -p 'turboq[2348]_g(64|32)|turboq[23]t'
 
 # -- llama-bench
 MODELS=()

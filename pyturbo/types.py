@@ -79,7 +79,7 @@ TURBOQ_G16_TYPES = tuple(G16_TYPES)
 
 
 # The trellis-coded types (issue 21): turboq3's and turboq2's bits and block sizes, values read through a
-# 64-state trellis. Experimental: ggml's CPU backend only, and libllama (so every tool, and
+# 64-state trellis. Experimental: ggml's CPU and Vulkan backends (not CUDA yet), and libllama (so every tool, and
 # requested_cache_type here) takes them only with PYTURBO_TRELLIS=1 in the environment, a debug switch
 # for measuring them until every backend has them. The codec, the reference and kv_bytes take them.
 TRELLIS_TYPES: dict[str, CacheType] = {t.name: t for t in (
@@ -115,7 +115,7 @@ def requested_cache_type(name: str | CacheType) -> CacheType:
     taken only with PYTURBO_TRELLIS=1 in the environment, as libllama takes it."""
     t = cache_type(name)
     if t.name in TRELLIS_TYPES and os.environ.get(TRELLIS_ENV) != "1":
-        raise ValueError(f"KV cache type {t.name!r} is experimental (ggml's CPU backend only): llama.cpp's tools take it "
+        raise ValueError(f"KV cache type {t.name!r} is experimental (ggml's CPU and Vulkan backends): llama.cpp's tools take it "
                          f"with {TRELLIS_ENV}=1 in the environment, for measuring it; it is not a setting yet")
     if t.name in TWIN_TYPES:
         base, g = turboq_base(t), t.block_size

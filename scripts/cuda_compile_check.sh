@@ -147,6 +147,16 @@ TARGETS=()
 for s in "${SRCS[@]}"; do
     TARGETS+=("$OBJDIR/$s.o")
 done
+# CMake globs the instance files when it configures, so a source added since then (a new instance)
+# is no target yet: configure again
+for t in "${TARGETS[@]}"; do
+    if ! grep -qF "build $t:" "$BDIR/build.ninja"; then
+        log "configuring $BDIR again: $t is new"
+        cmake -S "$ROOT" -B "$BDIR" > "$BDIR/cuda-check-configure.log" 2>&1 \
+            || { tail -n 40 "$BDIR/cuda-check-configure.log"; die "configure failed (log: $BDIR/cuda-check-configure.log)"; }
+        break
+    fi
+done
 log "compiling ${#TARGETS[@]} objects with -j$JOBS: ${SRCS[*]}"
 
 BUILD_LOG="$BDIR/cuda-check-build.log"

@@ -4,7 +4,8 @@ tests/harness/turboq_cuda_emulation.cpp compiles ggml-cuda/turboq-device.cuh (th
 GET_ROWS and CPY kernels and the warp-level codec they share) and fattn-turboq.cuh (the packed-block
 flash-attention kernel, its combine kernel and its launch plan) for the host, with each warp run as
 32 threads whose shuffles pass through a barrier. It needs no GPU and no nvcc, so this is where CI
-checks the CUDA codec of every type (the _g64, _g32 and _g16 twins included) bit for bit, and the
+checks the CUDA codec of every type (the _g64, _g32 and _g16 twins and the trellis types' warp-wide
+Viterbi search included) bit for bit, and the
 flash-attention kernel within the CPU tests' tolerance. What it cannot show: the GPU's
 flush-to-zero of subnormals (-use_fast_math), timing and races beyond the barriers, the mainline
 kernels that larger batches and the _g16 twins' flash attention (head size 80) take on K/V
@@ -21,7 +22,7 @@ import pytest
 
 from pyturbo import _paths
 from pyturbo.lab import reference
-from pyturbo.types import TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
+from pyturbo.types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
 
 from helpers import causal_mask, decoded, special_groups  # tests/ is on sys.path (pytest prepend mode)
 
@@ -71,7 +72,7 @@ def run_codec(exe: Path, type_name: str, x: np.ndarray, tmp_path: Path) -> dict[
 
 
 # every type: CUDA has codec kernels for all of them (a 16-value group on half a warp)
-CUDA_TYPES = [*TURBOQ_TYPES, *TURBOQ_TWIN_TYPES]
+CUDA_TYPES = [*TURBOQ_TYPES, *TURBOQ_TWIN_TYPES, *TRELLIS_TYPES]
 
 
 @pytest.mark.parametrize("type_name", CUDA_TYPES)
@@ -129,6 +130,10 @@ FA_CASES = [
     ("turboq3_g32", "turboq3_g32", 96, 8, 2, 1, 300, 0.0, 0.0, False, 64),
     ("f16", "turboq8_g32", 96, 4, 2, 3, 200, 0.0, 8.0, False, 8),
     ("turboq4_g32", "q8_0", 96, 4, 1, 8, 64, 0.0, 0.0, True, 1),
+    # the trellis types: with each other, beside a finer V, and as V beside f16
+    ("turboq3t", "turboq3t", 128, 4, 1, 1, 300, 0.0, 0.0, False, 64),
+    ("turboq2t", "turboq4", 256, 4, 2, 3, 200, 0.0, 0.0, True, 4),
+    ("f16", "turboq2t", 128, 8, 2, 5, 130, 5.0, 0.0, False, 1),
 ]
 
 

@@ -309,7 +309,7 @@ def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):
 
 
 def test_trellis_types_run_behind_their_switch_and_beat_their_scalar_twins(tiny128, short_text, tmp_path):
-    """turboq3t and turboq2t (issue 21's trellis, experimental, CPU only) are refused without
+    """turboq3t and turboq2t (issue 21's trellis, experimental) are refused without
     PYTURBO_TRELLIS=1, saying so; with it, end to end on a random model (where KLD follows the
     codec's MSE), each has less KLD than the scalar type of its bits, and gives it twice."""
     r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128",

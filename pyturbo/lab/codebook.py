@@ -245,6 +245,11 @@ def render_glsl() -> str:
             parts.append(_glsl_floats(f"turboq{b}_g{g}_centroids", cbs[f"turboq{b}_g{g}"]))
             parts.append(_glsl_floats(f"turboq{b}_g{g}_thresholds", thr[f"turboq{b}_g{g}"]))
     parts.append("")
+    parts.append(f"// the trellis types: entry s is the value of state s (the last {TRELLIS_L} code-stream bits)")
+    parts.append(f"const uint TURBOQ_TRELLIS_L = {TRELLIS_L}u;")
+    for name, cb in trellis_codebooks().items():
+        parts.append(_glsl_floats(f"{name}_codebook", cb))
+    parts.append("")
     parts.append("#endif")
     return "\n".join(parts) + "\n"
 

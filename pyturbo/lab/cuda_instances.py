@@ -4,7 +4,10 @@ One file per head size and K type, `template-instances/fattn-turboq-instance-d{D
 declaring `DECL_TQ_FA_CASE(D, K, V)` for the V types that K pairs with: a turboq K with every V
 below, an f16 or q8_0 K with the turboq Vs only (f16/f16 and q8_0/q8_0 are upstream's kernels).
 The turboq types at a head size are those a layer of that size stores: turboq2/3/4/8 at 128 and
-256, their `_g64` twins at 64, their `_g32` twins at 96. This module is the one list: it also
+256, their `_g64` twins at 64, their `_g32` twins at 96. The trellis types (turboq3t, turboq2t, at
+128 and 256) pair with each other, with f16 and q8_0, and with turboq4 and turboq8 as V (a trellis
+K beside a finer V, as the main job pairs turboq3 with turboq4); a turboq2/3/4/8 K does not take a
+trellis V, which keeps the instances (and the build) to what a configuration would use. This module is the one list: it also
 writes `fattn-turboq-cases.inc`, the X-macro list of the same cases that turboq.cu declares,
 dispatches and reports as supported; the cuda patch (22) globs the instance files, which
 tests/test_codebook.py checks.
@@ -31,13 +34,21 @@ DIR = (REPO_ROOT / "ggml_patches" / "files" / "ggml" / "src" / "ggml-cuda"
 CASES_FILE = DIR.parent / "fattn-turboq-cases.inc"
 
 
+# head size -> the trellis types a layer of that head size stores (128-value groups only)
+TRELLIS = ("turboq3_t", "turboq2_t")
+TRELLIS_HEAD_SIZES = {128: TRELLIS, 256: TRELLIS}
+TRELLIS_FINER_V = ("turboq4_0", "turboq8_0")
+
+
 def k_types(d: int) -> tuple[str, ...]:
-    return ("f16", "q8_0", *HEAD_SIZES[d])
+    return ("f16", "q8_0", *HEAD_SIZES[d], *TRELLIS_HEAD_SIZES.get(d, ()))
 
 
 def v_types(d: int, type_k: str) -> tuple[str, ...]:
-    tq = HEAD_SIZES[d]
-    return ("f16", "q8_0", *tq) if type_k in tq else tq
+    tq, tt = HEAD_SIZES[d], TRELLIS_HEAD_SIZES.get(d, ())
+    if type_k in tt:
+        return ("f16", "q8_0", *TRELLIS_FINER_V, *tt)
+    return ("f16", "q8_0", *tq) if type_k in tq else (*tq, *tt)
 
 
 def cases() -> list[tuple[int, str, str]]:

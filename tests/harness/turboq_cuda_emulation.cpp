@@ -366,7 +366,10 @@ static std::vector<float> fa(const fa_args & a) {
     X( 64, GGML_TYPE_Q8_0,        GGML_TYPE_TURBOQ2_G64)        \
     X( 96, GGML_TYPE_TURBOQ3_G32, GGML_TYPE_TURBOQ3_G32)        \
     X( 96, GGML_TYPE_F16,         GGML_TYPE_TURBOQ8_G32)        \
-    X( 96, GGML_TYPE_TURBOQ4_G32, GGML_TYPE_Q8_0)
+    X( 96, GGML_TYPE_TURBOQ4_G32, GGML_TYPE_Q8_0)                 \
+    X(128, GGML_TYPE_TURBOQ3_T,   GGML_TYPE_TURBOQ3_T)          \
+    X(256, GGML_TYPE_TURBOQ2_T,   GGML_TYPE_TURBOQ4_0)          \
+    X(128, GGML_TYPE_F16,         GGML_TYPE_TURBOQ2_T)
 
 static bool read_file(const char * path, void * dst, size_t n) {
     FILE * f = fopen(path, "rb");
@@ -477,6 +480,8 @@ int main(int argc, char ** argv) {
         TQ_EMU_CASE(GGML_TYPE_TURBOQ3_G16)
         TQ_EMU_CASE(GGML_TYPE_TURBOQ4_G16)
         TQ_EMU_CASE(GGML_TYPE_TURBOQ8_G16)
+        TQ_EMU_CASE(GGML_TYPE_TURBOQ3_T)
+        TQ_EMU_CASE(GGML_TYPE_TURBOQ2_T)
         default: fprintf(stderr, "type %d is not a turboq type\n", (int) type); return 2;
     }
     return fclose(out) == 0 ? 0 : 1;

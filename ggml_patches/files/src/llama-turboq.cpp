@@ -361,9 +361,24 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
         return;
     }
     if (ggml_is_turboq_trellis(lt.type_k) || ggml_is_turboq_trellis(lt.type_v)) {
-        throw std::runtime_error(format("layer %u: its KV cache (K %s, V %s) is on %s, and the trellis types are the "
-            "CPU backend's only; keep the KV cache on the CPU (--no-kv-offload, offload_kqv=False)", il,
-            ggml_type_name(lt.type_k), ggml_type_name(lt.type_v), ggml_backend_dev_name(dev)));
+        const char * released = ggml_is_turboq_trellis(lt.type_k) ? (lt.type_k == GGML_TYPE_TURBOQ3_T ? "turboq3" : "turboq2")
+                                                                  : (lt.type_v == GGML_TYPE_TURBOQ3_T ? "turboq3" : "turboq2");
+        // experimental types: an RPC server's build may lack them whatever its device claims here
+        if (is_rpc(dev)) {
+            throw std::runtime_error(format("layer %u: its KV cache is K %s, V %s, and this layer runs on %s, an RPC "
+                "server, whose build may lack the experimental trellis types (its attention would run there even with "
+                "the cache kept here); run the layer on this machine or use %s", il, ggml_type_name(lt.type_k),
+                ggml_type_name(lt.type_v), ggml_backend_dev_name(dev), released));
+        }
+        const kv_ops_on_device ops = device_takes_kv_types(dev, lt, n_embd_head_k, n_embd_head_v, n_gqa);
+        if (!ops.set_rows || !ops.attention) {
+            throw std::runtime_error(format("layer %u: head size %u: its KV cache (K %s, V %s) is on %s, which declines "
+                "the trellis types' SET_ROWS or flash attention (the CPU backend and Vulkan compute them, CUDA with "
+                "GGML_CUDA_TURBOQ_TWINS=1); keep the KV cache on the CPU (--no-kv-offload, offload_kqv=False) or use %s",
+                il, n_embd_head_k,
+                ggml_type_name(lt.type_k), ggml_type_name(lt.type_v), ggml_backend_dev_name(dev), released));
+        }
+        return;
     }
     if (!k64 && !v64) {
         if (is_rpc(dev)) {

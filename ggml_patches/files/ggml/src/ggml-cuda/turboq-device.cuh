@@ -1,5 +1,6 @@
 // CUDA kernels for the TurboQuant KV-cache types (pyturbo): turboq2/3/4/8 on 128-value groups
-// (turboq2_0..turboq8_0) and their twins on 64-, 32- and 16-value groups (_g64, _g32, _g16).
+// (turboq2_0..turboq8_0), their twins on 64-, 32- and 16-value groups (_g64, _g32, _g16), and the
+// trellis types turboq3t and turboq2t (128-value groups, a 64-state code stream).
 // Reference codec: ggml/src/ggml-turboq.c and ggml-turboq-encode.h. One warp handles one group of
 // G values: lane l holds values l + 32*k (k < G/32), so the Walsh-Hadamard butterflies h = 1..16
 // are warp shuffles and h = 32, 64 are register-local. A 16-value group takes lanes 0..15 (the
@@ -32,22 +33,29 @@ static constexpr __host__ __device__ bool tq_is_turboq(const ggml_type type) {
     return type == GGML_TYPE_TURBOQ2_0 || type == GGML_TYPE_TURBOQ3_0 || type == GGML_TYPE_TURBOQ4_0 || type == GGML_TYPE_TURBOQ8_0;
 }
 
+// the trellis types: a value's codebook entry is its state, the last TURBOQ_TRELLIS_L code-stream bits
+static constexpr __host__ __device__ bool tq_is_trellis(const ggml_type type) {
+    return type == GGML_TYPE_TURBOQ3_T || type == GGML_TYPE_TURBOQ2_T;
+}
+
 // values per rotation group of a turboq type (128, 64, 32 or 16), 0 for any other type
 static constexpr __host__ __device__ int tq_group(const ggml_type type) {
-    return tq_is_turboq(type) ? 128 :
+    return tq_is_turboq(type) || tq_is_trellis(type) ? 128 :
         type == GGML_TYPE_TURBOQ2_G64 || type == GGML_TYPE_TURBOQ3_G64 || type == GGML_TYPE_TURBOQ4_G64 || type == GGML_TYPE_TURBOQ8_G64 ? 64 :
         type == GGML_TYPE_TURBOQ2_G32 || type == GGML_TYPE_TURBOQ3_G32 || type == GGML_TYPE_TURBOQ4_G32 || type == GGML_TYPE_TURBOQ8_G32 ? 32 :
         type == GGML_TYPE_TURBOQ2_G16 || type == GGML_TYPE_TURBOQ3_G16 || type == GGML_TYPE_TURBOQ4_G16 || type == GGML_TYPE_TURBOQ8_G16 ? 16 : 0;
 }
 
-// block: the layout; G: values per group; bits: index width (8: turboq8's grid)
+// block: the layout; G: values per group; bits: index width (8: turboq8's grid; a trellis type's
+// code bits); n_levels: the level table's size (a trellis type's: one entry per state)
 template <ggml_type type> struct tq_traits;
 #define TQ_TRAITS(TYPE, BLOCK, G_, BITS)                                                     \
     template <> struct tq_traits<TYPE> {                                                     \
         typedef BLOCK block;                                                                 \
         static constexpr int G        = G_;                                                  \
         static constexpr int bits     = BITS;                                                \
-        static constexpr int n_levels = 1 << BITS;                                           \
+        static constexpr bool trellis = tq_is_trellis(TYPE);                                 \
+        static constexpr int n_levels = trellis ? 1 << TURBOQ_TRELLIS_L : 1 << BITS;         \
     };                                                                                       \
     static_assert(sizeof(BLOCK) == 2 + (BITS)*(G_)/8 + ((TYPE) == GGML_TYPE_TURBOQ4_0 ? 2 : 0), "unexpected " #BLOCK " size"); \
     static_assert(tq_group(TYPE) == (G_), "tq_group and tq_traits disagree");
@@ -67,6 +75,8 @@ TQ_TRAITS(GGML_TYPE_TURBOQ2_G16, block_turboq2_g16,  16, 2)
 TQ_TRAITS(GGML_TYPE_TURBOQ3_G16, block_turboq3_g16,  16, 3)
 TQ_TRAITS(GGML_TYPE_TURBOQ4_G16, block_turboq4_g16,  16, 4)
 TQ_TRAITS(GGML_TYPE_TURBOQ8_G16, block_turboq8_g16,  16, 8)
+TQ_TRAITS(GGML_TYPE_TURBOQ3_T,   block_turboq3_t,   128, 3)
+TQ_TRAITS(GGML_TYPE_TURBOQ2_T,   block_turboq2_t,   128, 2)
 #undef TQ_TRAITS
 
 // values per lane of one group (a 16-value group: one, on half the lanes)
@@ -84,6 +94,9 @@ static __device__ __forceinline__ bool tq_lane_holds(const int lane) {
 template <ggml_type type>
 static __device__ __forceinline__ const float * tq_centroids() {
     constexpr int G = tq_traits<type>::G;
+    if constexpr (tq_traits<type>::trellis) {
+        return type == GGML_TYPE_TURBOQ3_T ? turboq3t_codebook : turboq2t_codebook;
+    }
     switch (tq_traits<type>::bits) {
         case 2:  return G == 128 ? turboq2_centroids : G == 64 ? turboq2_g64_centroids : G == 32 ? turboq2_g32_centroids : turboq2_g16_centroids;
         case 3:  return G == 128 ? turboq3_centroids : G == 64 ? turboq3_g64_centroids : G == 32 ? turboq3_g32_centroids : turboq3_g16_centroids;
@@ -232,17 +245,25 @@ static __device__ __forceinline__ void tq_unpack(const char * __restrict__ blk, 
             idx[k] = 0; // no value here; its fields would lie past the block
             continue;
         }
-        if constexpr (tq_traits<type>::bits == 2 || tq_traits<type>::bits == 3) {
-            idx[k] = (b->qs[v % (G/4)] >> (2*(v / (G/4)))) & 3;
-        }
-        if constexpr (tq_traits<type>::bits == 3) {
-            idx[k] |= ((b->qh[v % (G/8)] >> (v / (G/8))) & 1) << 2;
-        }
-        if constexpr (tq_traits<type>::bits == 4) {
-            idx[k] = (b->qs[v % (G/2)] >> (4*(v / (G/2)))) & 15;
-        }
-        if constexpr (tq_traits<type>::bits == 8) {
-            idx[k] = b->qs[v];
+        if constexpr (tq_traits<type>::trellis) {
+            // the state: the TURBOQ_TRELLIS_L stream bits (most significant first, zeros before the
+            // stream) that end with value v's code, at bit e, within the two bytes that end there
+            const unsigned e = tq_traits<type>::bits*v + tq_traits<type>::bits - 1;
+            const unsigned w = (e >= 8 ? (unsigned) b->qs[(e >> 3) - 1] << 8 : 0u) | b->qs[e >> 3];
+            idx[k] = (int) ((w >> (7 - (e & 7))) & ((1u << TURBOQ_TRELLIS_L) - 1));
+        } else {
+            if constexpr (tq_traits<type>::bits == 2 || tq_traits<type>::bits == 3) {
+                idx[k] = (b->qs[v % (G/4)] >> (2*(v / (G/4)))) & 3;
+            }
+            if constexpr (tq_traits<type>::bits == 3) {
+                idx[k] |= ((b->qh[v % (G/8)] >> (v / (G/8))) & 1) << 2;
+            }
+            if constexpr (tq_traits<type>::bits == 4) {
+                idx[k] = (b->qs[v % (G/2)] >> (4*(v / (G/2)))) & 15;
+            }
+            if constexpr (tq_traits<type>::bits == 8) {
+                idx[k] = b->qs[v];
+            }
         }
     }
 }
@@ -284,9 +305,103 @@ static __device__ __forceinline__ void tq_pack_field(uint8_t * __restrict__ dst,
     }
 }
 
-// Encode one group (turboq_encode_group_with + pack). x[k] = value lane + 32*k. Warp-collective.
+// A warp's shared workspace for encoding one group: a trellis type's Viterbi search (costs, the
+// cheapest predecessor of each class, its back-pointers and the path); nothing for the others.
+template <ggml_type type, bool trellis = tq_traits<type>::trellis>
+struct tq_encode_ws {};
+
 template <ggml_type type>
-static __device__ __forceinline__ void tq_encode_group(const float (&x)[tq_nv<type>()], char * __restrict__ blk, const int lane, const tq_smem_tables<type> & t) {
+struct tq_encode_ws<type, true> {
+    static constexpr int S  = 1 << TURBOQ_TRELLIS_L;
+    static constexpr int lo = S >> tq_traits<type>::bits; // predecessor classes p = m >> bits
+    float   cost[S];
+    float   best[lo];
+    uint8_t back[TURBOQ_GROUP][lo];
+    uint8_t states[TURBOQ_GROUP];
+};
+
+// The trellis types' search (turboq_trellis_viterbi in ggml-turboq-trellis.h), the same float
+// operations in the same order and the first minimum on ties: lanes p < lo pick the cheapest
+// predecessor h*lo + p of class p, then each lane extends states lane and lane + 32. lane 0 traces
+// the path back; idx[k] = the state of value lane + 32*k. Warp-collective.
+template <ggml_type type>
+static __device__ __forceinline__ void tq_trellis_search(const float (&y)[tq_nv<type>()], const int lane, const float * lut,
+                                                         tq_encode_ws<type> & ws, int (&idx)[tq_nv<type>()]) {
+    typedef tq_encode_ws<type> ws_t;
+    constexpr int kb = tq_traits<type>::bits;
+    constexpr int NV = tq_nv<type>();
+    static_assert(ws_t::S == 64 && NV*32 == TURBOQ_GROUP, "two states a lane, four values a lane");
+    const float cb0 = lut[lane];
+    const float cb1 = lut[lane + 32];
+    ws.cost[lane]      = lane == 0 ? 0.0f : INFINITY;
+    ws.cost[lane + 32] = INFINITY;
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        for (int j = 0; j < 32; ++j) {
+            const int   t  = 32*k + j;
+            const float yt = __shfl_sync(0xFFFFFFFF, y[k], j, 32);
+            if (lane < ws_t::lo) {
+                float best = ws.cost[lane];
+                int   bt   = 0;
+#pragma unroll
+                for (int h = 1; h < (1 << kb); ++h) {
+                    const float c = ws.cost[h*ws_t::lo + lane];
+                    bt   = c < best ? h : bt;
+                    best = c < best ? c : best;
+                }
+                ws.best[lane]    = best;
+                ws.back[t][lane] = (uint8_t) bt;
+            }
+            __syncwarp();
+            const float d0 = __fsub_rn(yt, cb0);
+            const float d1 = __fsub_rn(yt, cb1);
+            ws.cost[lane]      = __fadd_rn(ws.best[lane >> kb], __fmul_rn(d0, d0));
+            ws.cost[lane + 32] = __fadd_rn(ws.best[(lane + 32) >> kb], __fmul_rn(d1, d1));
+            __syncwarp();
+        }
+    }
+    if (lane == 0) {
+        int s = 0;
+        for (int m = 1; m < ws_t::S; ++m) {
+            s = ws.cost[m] < ws.cost[s] ? m : s;
+        }
+        for (int t = TURBOQ_GROUP - 1; t >= 0; --t) {
+            ws.states[t] = (uint8_t) s;
+            const int p = s >> kb;
+            s = ws.back[t][p]*ws_t::lo + p;
+        }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        idx[k] = ws.states[32*k + lane];
+    }
+}
+
+// The code stream of a trellis block from the search's path: each state's low `bits` bits (its
+// code), one after another, most significant bit first (turboq_trellis_pack). Warp-collective.
+template <ggml_type type>
+static __device__ __forceinline__ void tq_trellis_pack(uint8_t * __restrict__ qs, const int lane, const tq_encode_ws<type> & ws) {
+    constexpr int kb      = tq_traits<type>::bits;
+    constexpr int n_bytes = TURBOQ_GROUP*kb/8;
+#pragma unroll
+    for (int j = lane; j < n_bytes; j += 32) {
+        int byte = 0;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+            const int bit = 8*j + b; // code bit kb - 1 - bit % kb of value bit / kb
+            byte |= ((ws.states[bit / kb] >> (kb - 1 - bit % kb)) & 1) << (7 - b);
+        }
+        qs[j] = (uint8_t) byte;
+    }
+}
+
+// Encode one group (turboq_encode_group_with + pack). x[k] = value lane + 32*k; ws: this warp's
+// workspace. Warp-collective.
+template <ggml_type type>
+static __device__ __forceinline__ void tq_encode_group(const float (&x)[tq_nv<type>()], char * __restrict__ blk, const int lane, const tq_smem_tables<type> & t,
+                                                       tq_encode_ws<type> & ws) {
     typedef typename tq_traits<type>::block block_t;
     constexpr int G  = tq_traits<type>::G;
     constexpr int NV = tq_nv<type>();
@@ -324,7 +439,9 @@ static __device__ __forceinline__ void tq_encode_group(const float (&x)[tq_nv<ty
     tq_rotate<NV, G>(v, lane, t.sign1, t.sign2);
 
     int idx[NV];
-    if constexpr (tq_traits<type>::bits == 8) {
+    if constexpr (tq_traits<type>::trellis) {
+        tq_trellis_search<type>(v, lane, t.lut, ws, idx);
+    } else if constexpr (tq_traits<type>::bits == 8) {
         float ya = 0.0f;
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
@@ -367,25 +484,30 @@ static __device__ __forceinline__ void tq_encode_group(const float (&x)[tq_nv<ty
             b->rnorm = __float2half_rn(0.0f); // reserved, always 0
         }
     }
-    if constexpr (tq_traits<type>::bits == 2 || tq_traits<type>::bits == 3) {
-        tq_pack_field<NV, G/4, 2, G>(b->qs, idx, lane);
-    }
-    if constexpr (tq_traits<type>::bits == 3) {
-        int hi[NV];
-#pragma unroll
-        for (int k = 0; k < NV; ++k) {
-            hi[k] = idx[k] >> 2;
+    if constexpr (tq_traits<type>::trellis) {
+        tq_trellis_pack<type>(b->qs, lane, ws);
+    } else {
+        GGML_UNUSED(ws);
+        if constexpr (tq_traits<type>::bits == 2 || tq_traits<type>::bits == 3) {
+            tq_pack_field<NV, G/4, 2, G>(b->qs, idx, lane);
         }
-        tq_pack_field<NV, G/8, 1, G>(b->qh, hi, lane);
-    }
-    if constexpr (tq_traits<type>::bits == 4) {
-        tq_pack_field<NV, G/2, 4, G>(b->qs, idx, lane);
-    }
-    if constexpr (tq_traits<type>::bits == 8) {
+        if constexpr (tq_traits<type>::bits == 3) {
+            int hi[NV];
 #pragma unroll
-        for (int k = 0; k < NV; ++k) {
-            if (tq_lane_holds<G>(lane)) {
-                b->qs[32*k + lane] = (uint8_t) idx[k];
+            for (int k = 0; k < NV; ++k) {
+                hi[k] = idx[k] >> 2;
+            }
+            tq_pack_field<NV, G/8, 1, G>(b->qh, hi, lane);
+        }
+        if constexpr (tq_traits<type>::bits == 4) {
+            tq_pack_field<NV, G/2, 4, G>(b->qs, idx, lane);
+        }
+        if constexpr (tq_traits<type>::bits == 8) {
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+                if (tq_lane_holds<G>(lane)) {
+                    b->qs[32*k + lane] = (uint8_t) idx[k];
+                }
             }
         }
     }
@@ -407,6 +529,7 @@ static __global__ void k_tq_set_rows(
         const int64_t s10, const int64_t s11, const int64_t s12,
         const int64_t nb1, const int64_t nb2, const int64_t nb3) {
     __shared__ tq_smem_tables<type> tables;
+    __shared__ tq_encode_ws<type> ws[TQ_WARPS_PER_BLOCK];
     const int lane = threadIdx.x;
     tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
     __syncthreads();
@@ -433,7 +556,7 @@ static __global__ void k_tq_set_rows(
     for (int k = 0; k < tq_nv<type>(); ++k) {
         v[k] = tq_lane_holds<tq_traits<type>::G>(lane) ? ggml_cuda_cast<float>(x[32*k + lane]) : 0.0f;
     }
-    tq_encode_group<type>(v, blk, lane, tables);
+    tq_encode_group<type>(v, blk, lane, tables, ws[threadIdx.y]);
 }
 
 // byte offset of flat element index i in a tensor with the given shape and strides
@@ -463,6 +586,7 @@ static __device__ __forceinline__ int64_t tq_block_offset(const int64_t i, const
 template <ggml_type type, typename src_t>
 static __global__ void k_tq_quantize_nd(const char * __restrict__ src, char * __restrict__ dst, const int64_t n_groups, const tq_nd s, const tq_nd d) {
     __shared__ tq_smem_tables<type> tables;
+    __shared__ tq_encode_ws<type> ws[TQ_WARPS_PER_BLOCK];
     const int lane = threadIdx.x;
     tq_load_tables<type>(tables, threadIdx.y*WARP_SIZE + lane, TQ_WARPS_PER_BLOCK*WARP_SIZE);
     __syncthreads();
@@ -480,7 +604,7 @@ static __global__ void k_tq_quantize_nd(const char * __restrict__ src, char * __
         v[k] = tq_lane_holds<tq_traits<type>::G>(lane) ?
             ggml_cuda_cast<float>(*(const src_t *) (src + tq_offset(i + 32*k + lane, s.ne0, s.ne1, s.ne2, s.nb0, s.nb1, s.nb2, s.nb3))) : 0.0f;
     }
-    tq_encode_group<type>(v, blk, lane, tables);
+    tq_encode_group<type>(v, blk, lane, tables, ws[threadIdx.y]);
 }
 
 // ---- dequantization ----

@@ -43,13 +43,16 @@ static dim3 tq_grid(const int64_t n_groups) {
         TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ3_G16, __VA_ARGS__)                         \
         TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ4_G16, __VA_ARGS__)                         \
         TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ8_G16, __VA_ARGS__)                         \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ3_T,   __VA_ARGS__)                         \
+        TQ_TYPE_CASE(F, GGML_TYPE_TURBOQ2_T,   __VA_ARGS__)                         \
         default: GGML_ABORT("not a turboq type: %s", ggml_type_name(type));         \
     }
 
-// The _g64, _g32 and _g16 twins' kernels have run only under CPU emulation
-// (tests/cuda_emulation.cpp), never on a GPU, so this backend declines them unless the debug
-// switch GGML_CUDA_TURBOQ_TWINS=1 is set (bench/cuda_check.sh sets it to test them); llama.cpp
-// then refuses a layer that needs them, naming the device.
+// The kernels of the _g64, _g32 and _g16 twins and of the trellis types (turboq3t, turboq2t) have
+// run only under CPU emulation (tests/harness/turboq_cuda_emulation.cpp), never on a GPU, so this
+// backend declines them unless the debug switch GGML_CUDA_TURBOQ_TWINS=1 is set
+// (bench/cuda_check.sh sets it to test them); llama.cpp then refuses a layer that needs them,
+// naming the device.
 static bool tq_twins_enabled() {
     static const bool on = [] {
         const char * e = getenv("GGML_CUDA_TURBOQ_TWINS");
@@ -61,7 +64,7 @@ static bool tq_twins_enabled() {
 // The _g16 twins' flash attention (head size 80, which the packed kernel's 32-lane rows do not
 // divide) runs in the mainline kernels on K/V converted to f16 (fattn.cu).
 bool ggml_cuda_turboq_type(const ggml_type type) {
-    return ggml_is_turboq(type) || (ggml_turboq_group(type) != 0 && !ggml_is_turboq_trellis(type) && tq_twins_enabled());
+    return ggml_is_turboq(type) || (ggml_turboq_group(type) != 0 && tq_twins_enabled());
 }
 
 template <ggml_type type, typename src_t, typename idx_t>
@@ -239,6 +242,8 @@ void (*ggml_cuda_turboq_get_to_fp32(ggml_type type))(const void * x, float * y, 
         case GGML_TYPE_TURBOQ3_G16: return tq_to_float_cont<GGML_TYPE_TURBOQ3_G16, float>;
         case GGML_TYPE_TURBOQ4_G16: return tq_to_float_cont<GGML_TYPE_TURBOQ4_G16, float>;
         case GGML_TYPE_TURBOQ8_G16: return tq_to_float_cont<GGML_TYPE_TURBOQ8_G16, float>;
+        case GGML_TYPE_TURBOQ3_T:   return tq_to_float_cont<GGML_TYPE_TURBOQ3_T, float>;
+        case GGML_TYPE_TURBOQ2_T:   return tq_to_float_cont<GGML_TYPE_TURBOQ2_T, float>;
         default:                  return nullptr;
     }
 }
@@ -261,6 +266,8 @@ void (*ggml_cuda_turboq_get_to_fp16(ggml_type type))(const void * x, half * y, i
         case GGML_TYPE_TURBOQ3_G16: return tq_to_float_cont<GGML_TYPE_TURBOQ3_G16, half>;
         case GGML_TYPE_TURBOQ4_G16: return tq_to_float_cont<GGML_TYPE_TURBOQ4_G16, half>;
         case GGML_TYPE_TURBOQ8_G16: return tq_to_float_cont<GGML_TYPE_TURBOQ8_G16, half>;
+        case GGML_TYPE_TURBOQ3_T:   return tq_to_float_cont<GGML_TYPE_TURBOQ3_T, half>;
+        case GGML_TYPE_TURBOQ2_T:   return tq_to_float_cont<GGML_TYPE_TURBOQ2_T, half>;
         default:                  return nullptr;
     }
 }
@@ -297,6 +304,8 @@ void (*ggml_cuda_turboq_get_to_fp16_nc(ggml_type type))(const void * x, half * y
         case GGML_TYPE_TURBOQ3_G16: return tq_to_fp16_nc<GGML_TYPE_TURBOQ3_G16>;
         case GGML_TYPE_TURBOQ4_G16: return tq_to_fp16_nc<GGML_TYPE_TURBOQ4_G16>;
         case GGML_TYPE_TURBOQ8_G16: return tq_to_fp16_nc<GGML_TYPE_TURBOQ8_G16>;
+        case GGML_TYPE_TURBOQ3_T:   return tq_to_fp16_nc<GGML_TYPE_TURBOQ3_T>;
+        case GGML_TYPE_TURBOQ2_T:   return tq_to_fp16_nc<GGML_TYPE_TURBOQ2_T>;
         default:                  return nullptr;
     }
 }

@@ -23,6 +23,8 @@ float turboq_centroid(const uint type, const uint q) {
         case GGML_TYPE_TURBOQ2_G16: return turboq2_g16_centroids[q];
         case GGML_TYPE_TURBOQ3_G16: return turboq3_g16_centroids[q];
         case GGML_TYPE_TURBOQ4_G16: return turboq4_g16_centroids[q];
+        case GGML_TYPE_TURBOQ3_T:   return turboq3t_codebook[q];
+        case GGML_TYPE_TURBOQ2_T:   return turboq2t_codebook[q];
         default:                    return turboq8_centroids[q];
     }
 }
@@ -88,6 +90,46 @@ float turboq_tree_sum(inout float t[128], const uint g) {
     return t[0];
 }
 
+// The trellis types' search (ggml-turboq-trellis.h): the path of least squared error through the
+// 64 states, the same float operations in the same order, the first minimum on ties. back[t] holds
+// the K-bit h of each predecessor class p < 64 >> K at bits K*p (24 or 32 bits).
+void turboq_trellis_viterbi(const uint type, const float y[128], out uint states[128]) {
+    const uint k = type == GGML_TYPE_TURBOQ3_T ? 3u : 2u;
+    const uint lo = 64u >> k;
+    const uint hmask = (1u << k) - 1u;
+    float cost[64];
+    float best[16];
+    uint back[128];
+    for (uint m = 0; m < 64; ++m) cost[m] = m == 0 ? 0.0 : uintBitsToFloat(0x7f800000u);
+    for (uint t = 0; t < 128; ++t) {
+        uint bt = 0;
+        for (uint p = 0; p < lo; ++p) best[p] = cost[p];
+        for (uint h = 1; h <= hmask; ++h) {
+            for (uint p = 0; p < lo; ++p) {
+                const float c = cost[h * lo + p];
+                if (c < best[p]) {
+                    best[p] = c;
+                    bt = (bt & ~(hmask << (k * p))) | (h << (k * p));
+                }
+            }
+        }
+        for (uint m = 0; m < 64; ++m) {
+            precise const float d = y[t] - turboq_centroid(type, m);
+            precise const float dd = d * d;
+            precise const float c = best[m >> k] + dd;
+            cost[m] = c;
+        }
+        back[t] = bt;
+    }
+    uint s = 0;
+    for (uint m = 1; m < 64; ++m) s = cost[m] < cost[s] ? m : s;
+    for (int t = 127; t >= 0; --t) {
+        states[t] = s;
+        const uint p = s >> k;
+        s = ((back[t] >> (k * p)) & hmask) * lo + p;
+    }
+}
+
 // Encodes the group v (its first TURBOQ_GROUP_OF(type) values; destroyed): fills idx, returns the
 // corrected norm (see ggml-turboq-encode.h).
 float turboq_encode(const uint type, inout float v[128], out uint idx[128]) {
@@ -120,7 +162,10 @@ float turboq_encode(const uint type, inout float v[128], out uint idx[128]) {
         v[i] = y * TQ_SIGN2(i);
     }
 
-    if (type == GGML_TYPE_TURBOQ8_0 || type == GGML_TYPE_TURBOQ8_G64 || type == GGML_TYPE_TURBOQ8_G32 || type == GGML_TYPE_TURBOQ8_G16) {
+    if (TURBOQ_IS_TRELLIS(type)) {
+        // idx: the states, which index the trellis codebook as the others' indices do theirs
+        turboq_trellis_viterbi(type, v, idx);
+    } else if (type == GGML_TYPE_TURBOQ8_0 || type == GGML_TYPE_TURBOQ8_G64 || type == GGML_TYPE_TURBOQ8_G32 || type == GGML_TYPE_TURBOQ8_G16) {
         float ya = 0.0;
         for (uint i = 0; i < g; ++i) ya = max(ya, abs(v[i]));
         const float s = 127.5 / ya;

@@ -1,5 +1,5 @@
 // quantize() for copy_to_quant.comp (SET_ROWS and CPY f32 -> turboq): one invocation per block
-// (128 values, or 64, 32 and 16 for the _g64, _g32 and _g16 twins).
+// (128 values, or 64, 32 and 16 for the _g64, _g32 and _g16 twins; the trellis types' whole search too).
 #if defined(DATA_A_TURBOQ)
 #include "turboq.glsl"
 
@@ -52,6 +52,19 @@ void quantize(uint dst_idx, uint src_idx) {
         for (uint b = 0; b < 2; ++b) {
             const uint j = 2 * w + b;
             word |= ((idx[j] & 15) | ((idx[j + TQ_G / 2] & 15) << 4)) << (8 * b);
+        }
+        data_q[dst_idx].qs[w] = uint16_t(word);
+    }
+#endif
+#if defined(DATA_A_TURBOQ3_T) || defined(DATA_A_TURBOQ2_T)
+    // the trellis types: each state's low K bits (its code), one after another, most significant first
+    const uint k = TQ_TYPE == GGML_TYPE_TURBOQ3_T ? 3u : 2u;
+    for (uint w = 0; w < k * 8u; ++w) {
+        uint word = 0;
+        for (uint b = 0; b < 16u; ++b) {
+            const uint bit = 16u * w + (b < 8u ? 7u - b : 23u - b);  // the stream bit at word bit b
+            const uint t = bit / k;
+            word |= ((idx[t] >> (k - 1u - bit % k)) & 1u) << b;
         }
         data_q[dst_idx].qs[w] = uint16_t(word);
     }

@@ -1,5 +1,6 @@
 // TurboQuant (pyturbo) block layouts for the Vulkan shaders; included by types.glsl.
-// The blocks are 34/50/68/130 bytes (18/26/34/66 for the _g64 twins, 10/14/18/34 for the _g32 ones, 6/8/10/18 for the _g16 ones), so they are declared as
+// The blocks are 34/50/68/130 bytes (18/26/34/66 for the _g64 twins, 10/14/18/34 for the _g32 ones, 6/8/10/18 for the _g16 ones,
+// 50/34 for the trellis types), so they are declared as
 // 16-bit words: every field stays addressable with 16-bit storage alone. The layouts and the codec are those of
 // ggml-common.h and ggml-turboq.c.
 #if !defined(GGML_TURBOQ_TYPES_GLSL)
@@ -22,9 +23,13 @@
 #define GGML_TYPE_TURBOQ3_G16 73u
 #define GGML_TYPE_TURBOQ4_G16 74u
 #define GGML_TYPE_TURBOQ8_G16 75u
-#define TURBOQ_IS(t) ((t) >= GGML_TYPE_TURBOQ2_0 && (t) <= GGML_TYPE_TURBOQ8_G16)
+#define GGML_TYPE_TURBOQ3_T 76u
+#define GGML_TYPE_TURBOQ2_T 77u
+// the trellis types count as turboq types here (ggml_turboq_group() != 0), unlike ggml_is_turboq()
+#define TURBOQ_IS(t) ((t) >= GGML_TYPE_TURBOQ2_0 && (t) <= GGML_TYPE_TURBOQ2_T)
+#define TURBOQ_IS_TRELLIS(t) ((t) >= GGML_TYPE_TURBOQ3_T && (t) <= GGML_TYPE_TURBOQ2_T)
 // the group (rotation and block) size of a turboq type
-#define TURBOQ_GROUP_OF(t) ((t) >= GGML_TYPE_TURBOQ2_G16 ? 16u : (t) >= GGML_TYPE_TURBOQ2_G32 ? 32u : (t) >= GGML_TYPE_TURBOQ2_G64 ? 64u : 128u)
+#define TURBOQ_GROUP_OF(t) ((t) >= GGML_TYPE_TURBOQ3_T ? 128u : (t) >= GGML_TYPE_TURBOQ2_G16 ? 16u : (t) >= GGML_TYPE_TURBOQ2_G32 ? 32u : (t) >= GGML_TYPE_TURBOQ2_G64 ? 64u : 128u)
 
 #define QUANT_K_TURBOQ 128
 #define QUANT_K_TURBOQ_G64 64
@@ -87,6 +92,18 @@ struct block_turboq8_g16 { float16_t norm; uint16_t qs[8]; };
 #define TQ_IDX_TURBOQ3_G16(B, i) TQ_IDX3_G(B, i, 16u)
 #define TQ_IDX_TURBOQ4_G16(B, i) TQ_IDX4_G(B, i, 16u)
 #define TQ_IDX_TURBOQ8_G16(B, i) TQ_BYTE(B.qs, (i))
+
+// the trellis types: the fp16 norm, then the K-bit codes of the 128 values one after another, most
+// significant bit first (bytes in order, so byte j is the low byte of word j/2 when j is even)
+struct block_turboq3_t { float16_t norm; uint16_t qs[24]; };
+struct block_turboq2_t { float16_t norm; uint16_t qs[16]; };
+
+// The state of value i, which indexes the codebook: the 6 (TURBOQ_TRELLIS_L) stream bits that end
+// with value i's code, zeros before the stream. They lie in the two bytes that end at bit e = K*i + K - 1.
+#define TQ_TSTATE(B, i, K) ((((TQ_BYTE(B.qs, max(((K) * (i) + (K) - 1u) >> 3u, 1u) - 1u) * uint(((K) * (i) + (K) - 1u) >= 8u)) << 8u | \
+                              TQ_BYTE(B.qs, ((K) * (i) + (K) - 1u) >> 3u)) >> (7u - (((K) * (i) + (K) - 1u) & 7u))) & 63u)
+#define TQ_IDX_TURBOQ3_T(B, i) TQ_TSTATE(B, i, 3u)
+#define TQ_IDX_TURBOQ2_T(B, i) TQ_TSTATE(B, i, 2u)
 
 #if defined(DATA_A_TURBOQ2_0)
 #define TQ_TYPE GGML_TYPE_TURBOQ2_0
@@ -168,6 +185,16 @@ struct block_turboq8_g16 { float16_t norm; uint16_t qs[8]; };
 #define A_TYPE block_turboq8_g16
 #define TQ_IDX TQ_IDX_TURBOQ8_G16
 #define QUANT_K QUANT_K_TURBOQ_G16
+#elif defined(DATA_A_TURBOQ3_T)
+#define TQ_TYPE GGML_TYPE_TURBOQ3_T
+#define A_TYPE block_turboq3_t
+#define TQ_IDX TQ_IDX_TURBOQ3_T
+#define QUANT_K QUANT_K_TURBOQ
+#elif defined(DATA_A_TURBOQ2_T)
+#define TQ_TYPE GGML_TYPE_TURBOQ2_T
+#define A_TYPE block_turboq2_t
+#define TQ_IDX TQ_IDX_TURBOQ2_T
+#define QUANT_K QUANT_K_TURBOQ
 #endif
 #if defined(TQ_TYPE)
 #define DATA_A_TURBOQ
