@@ -325,6 +325,12 @@ def test_trellis_types_run_behind_their_switch_and_beat_their_scalar_twins(tiny1
     assert 0 < kld["turboq3t"] < 0.9 * kld["turboq3"]
     assert 0 < kld["turboq2t"] < 0.9 * kld["turboq2"]
     assert perplexity(tiny128, short_text, "turboq2t", "turboq2t", ctx=256, chunks=3, kld_base=base, env=on).kld == kld["turboq2t"]
+    # no 64-value trellis: head size 64 is refused, naming the released type that takes it
+    r = run_tool("llama-perplexity", "-m", str(data.tiny_model(head_dim=64)), "-f", str(short_text), "-c", "128",
+                 "-fa", "on", "-ctk", "turboq2t", "-ctv", "turboq2t", env=on, check=False)
+    assert r.returncode > 0
+    assert "the trellis types store 128-value groups only, and this model's head size is 64; the released turboq2 takes it" \
+        in r.stderr + r.stdout
 
 BAD_INPUT = [
     (("-fa", "off", "-ctk", "turboq3", "-ctv", "f16"), "requires flash_attn"),

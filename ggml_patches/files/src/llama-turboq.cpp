@@ -361,8 +361,7 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
         return;
     }
     if (ggml_is_turboq_trellis(lt.type_k) || ggml_is_turboq_trellis(lt.type_v)) {
-        const char * released = ggml_is_turboq_trellis(lt.type_k) ? (lt.type_k == GGML_TYPE_TURBOQ3_T ? "turboq3" : "turboq2")
-                                                                  : (lt.type_v == GGML_TYPE_TURBOQ3_T ? "turboq3" : "turboq2");
+        const char * released = llama_turboq_trellis_released(ggml_is_turboq_trellis(lt.type_k) ? lt.type_k : lt.type_v);
         // experimental types: an RPC server's build may lack them whatever its device claims here
         if (is_rpc(dev)) {
             throw std::runtime_error(format("layer %u: its KV cache is K %s, V %s, and this layer runs on %s, an RPC "
@@ -426,12 +425,17 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
     }
 }
 
+const char * llama_turboq_trellis_released(ggml_type type) {
+    GGML_ASSERT(ggml_is_turboq_trellis(type));
+    return type == GGML_TYPE_TURBOQ3_T ? "turboq3" : "turboq2";
+}
+
 void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t il, uint32_t n_embd_head) {
     if (ggml_is_turboq_trellis(type)) {
         // no 64-, 32- or 16-value trellis twins (yet): the experimental types take heads of 128 and 256
         LLAMA_LOG_ERROR("%s: layer %u: %s cache %s: the trellis types store 128-value groups only, and this model's "
             "head size is %u; the released %s takes it\n", __func__, il, side, ggml_type_name(type), n_embd_head,
-            type == GGML_TYPE_TURBOQ3_T ? "turboq3" : "turboq2");
+            llama_turboq_trellis_released(type));
         return;
     }
     if (!ggml_is_turboq(type)) {

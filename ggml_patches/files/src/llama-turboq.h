@@ -86,7 +86,7 @@ llama_turboq_layer_types llama_turboq_fit_heads(const llama_turboq_layer_types &
 bool llama_turboq_is_rpc(ggml_backend_dev_t dev);
 
 // throws std::runtime_error, naming the layer, its head size and what works, when a layer whose
-// cache takes a _g64, _g32 or _g16 type would have it on a device that does not compute it (`dev`: the layer's
+// cache takes a _g64, _g32 or _g16 type or a trellis type would have it on a device that does not compute it (`dev`: the layer's
 // KV device, NULL when the cache stays on the CPU; asked through supports_op: Vulkan does, CUDA
 // with its debug switch GGML_CUDA_TURBOQ_TWINS=1), or on an RPC server's layer even with the cache here (its flash attention would run
 // on the server, which may not have the type). A device that declines a 128-value type at the
@@ -97,6 +97,10 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
 // logs, after upstream's "block size does not divide n_embd_head" refusal of a turboq `type` for
 // layer il, why (128-, 64-, 32- or 16-value groups) and which cache types work for that head size
 void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t il, uint32_t n_embd_head);
+
+// the released type of a trellis type's bits (turboq3 for turboq3t, turboq2 for turboq2t), which
+// the refusals of an experimental type name
+const char * llama_turboq_trellis_released(ggml_type type);
 
 // throws std::runtime_error when a layer's types cannot work (head_dim, flash attention off)
 void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k,
