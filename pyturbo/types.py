@@ -79,14 +79,21 @@ TURBOQ_G16_TYPES = tuple(G16_TYPES)
 
 
 # The trellis-coded types (issue 21): turboq3's and turboq2's bits and block sizes, values read through a
-# 64-state trellis. Experimental: ggml's CPU and Vulkan backends (not CUDA yet), and libllama (so every tool, and
+# 64-state trellis. Experimental: ggml's CPU and Vulkan backends (CUDA's kernels have not run on a GPU), and libllama (so every tool, and
 # requested_cache_type here) takes them only with PYTURBO_TRELLIS=1 in the environment, a debug switch
-# for measuring them until every backend has them. The codec, the reference and kv_bytes take them.
+# for measuring them until CUDA has run them. The codec, the reference, kv_bytes and pyturbo.hf take them.
 TRELLIS_TYPES: dict[str, CacheType] = {t.name: t for t in (
     CacheType("turboq3t", 76, TURBOQ_GROUP, 50),
     CacheType("turboq2t", 77, TURBOQ_GROUP, 34),
 )}
 TRELLIS_ENV = "PYTURBO_TRELLIS"
+
+
+def trellis_released(name: str | CacheType) -> str:
+    """The released turboq type that stores a trellis type's bits in its block size (turboq3t: turboq3),
+    which a refusal of the trellis type names."""
+    t = cache_type(name)
+    return next(r for r in TURBOQ_TYPES if (CACHE_TYPES[r].block_size, CACHE_TYPES[r].block_bytes) == (t.block_size, t.block_bytes))
 
 
 def turboq_base(name: str | CacheType) -> str:

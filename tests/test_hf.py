@@ -13,7 +13,7 @@ import pytest
 
 from pyturbo import codec, data, layer_adaptive
 from pyturbo.lab import reference
-from pyturbo.types import TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
+from pyturbo.types import TRELLIS_ENV, TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
 
 from helpers import special_groups  # tests/ is on sys.path (pytest prepend mode)
 
@@ -45,7 +45,7 @@ def groups(rng) -> np.ndarray:
     return np.concatenate(list(special_groups(rng).values()))
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES)
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES + tuple(TRELLIS_TYPES))
 def test_torch_blocks_equal_reference_and_c_bit_for_bit(lib, rng, type_name):
     x = groups(rng)
     blocks = tc.encode(torch.from_numpy(x), type_name).numpy()
@@ -67,7 +67,7 @@ def test_q8_0_equals_ggml_reference_quantizer(lib, rng):
                                   codec.dequantize(blocks, "q8_0"))
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES)
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES + tuple(TRELLIS_TYPES))
 def test_decode_matches_reference(lib, rng, type_name):
     x = groups(rng)
     blocks = codec.quantize(x, type_name)
@@ -145,6 +145,32 @@ def test_other_head_sizes_pad_the_row_to_whole_blocks(rng):
     np.testing.assert_array_equal(layer.keys.numpy().ravel(), reference.quantize(padded, "turboq3"))
     back = reference.dequantize(layer.keys.numpy().ravel(), "turboq3").reshape(b, t, 256)[..., :144]
     np.testing.assert_allclose(k_out.transpose(1, 2).reshape(b, t, h * d).numpy(), back, rtol=0, atol=1e-5)
+
+
+def test_trellis_types_are_llama_cpps_bytes_and_refused_where_llama_cpp_refuses_them(rng, monkeypatch):
+    """turboq3t K / turboq2t V on 2 heads of 128: the stored rows are the reference's (and so the C
+    codec's) bytes; like libllama, the cache takes them only with PYTURBO_TRELLIS=1 and refuses them
+    at a head size that is not a multiple of 128, naming the released type."""
+    b, h, t, d = 1, 2, 5, 128
+    k = torch.from_numpy((rng.standard_normal((b, h, t, d)) * 3).astype(np.float32))
+    v = torch.from_numpy(rng.standard_normal((b, h, t, d)).astype(np.float32))
+    monkeypatch.delenv(TRELLIS_ENV, raising=False)
+    with pytest.raises(ValueError, match=f"{TRELLIS_ENV}=1"):
+        TurboQuantLayer("turboq3t", "turboq3")
+    monkeypatch.setenv(TRELLIS_ENV, "1")
+    layer = TurboQuantLayer("turboq3t", "turboq2t", k_center=False)
+    k_out, v_out = layer.update(k, v)
+    assert layer.keys.shape == (b, t, h * 50) and layer.values.shape == (b, t, h * 34)
+    for x, stored, out, name in ((k, layer.keys, k_out, "turboq3t"), (v, layer.values, v_out, "turboq2t")):
+        rows = x.transpose(1, 2).reshape(b, t, h * d).numpy()
+        np.testing.assert_array_equal(stored.numpy().ravel(), reference.quantize(rows, name))
+        back = reference.dequantize(stored.numpy().ravel(), name).reshape(b, t, h * d)
+        np.testing.assert_allclose(out.transpose(1, 2).reshape(b, t, h * d).numpy(), back, rtol=0, atol=1e-5)
+    for d_bad, released in ((64, "turboq3"), (96, "turboq3")):
+        with pytest.raises(ValueError, match=f"head_dim is {d_bad}; the released {released} takes it"):
+            TurboQuantLayer("turboq3t", "turboq3").update(torch.randn(1, 2, 1, d_bad), torch.randn(1, 2, 1, d_bad))
+    with pytest.raises(ValueError, match="head_dim is 64; the released turboq2 takes it"):
+        TurboQuantLayer("turboq3", "turboq2t").update(torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64))
 
 
 def test_bad_input_is_a_clear_error(rng):
@@ -300,22 +326,26 @@ SEED_SD = 0.016
 INCREASE_TOL = 3 * math.sqrt(2) * math.sqrt(2) * SEED_SD
 
 
-@pytest.mark.parametrize("model", ["gemma_lm", "smollm2_lm"])
-def test_ppl_cross_check_with_llama_cpp(model, request):
-    """Gemma 3 (head_dim 256, 128-value groups) and SmolLM2 (head_dim 64: the _g64 twins on both sides)."""
+@pytest.mark.parametrize("model,type_name", [("gemma_lm", "turboq3"), ("smollm2_lm", "turboq3"), ("gemma_lm", "turboq3t")])
+def test_ppl_cross_check_with_llama_cpp(model, type_name, request, monkeypatch):
+    """Gemma 3 (head_dim 256, 128-value groups) and SmolLM2 (head_dim 64: the _g64 twins on both sides);
+    the trellis type turboq3t on Gemma (PYTURBO_TRELLIS=1 on both sides)."""
     from pyturbo.tools import llama_perplexity
 
+    env = {"TURBOQ_K_BALANCE": "0"}  # the same scheme on both sides: the transformers cache centers K but has no channel scale
+    if type_name in TRELLIS_TYPES:
+        monkeypatch.setenv(TRELLIS_ENV, "1")
+        env[TRELLIS_ENV] = "1"
     lm = request.getfixturevalue(model)
     chunks = 4
     text = data.corpus_slice(12000)
+    types = ("f16", type_name)
     hf = {t: hf_perplexity(lm, text.read_text(encoding="utf-8"), t, t, max_length=512, stride=512,
-                           score_from=257, max_tokens=chunks * 512, show_progress=False).ppl for t in ("f16", "turboq3")}
-    # the same scheme on both sides: the transformers cache centers K but has no channel scale
-    cpp = {t: llama_perplexity(lm.gguf, text, t, t, ctx=512, chunks=chunks, threads=2,
-                               env={"TURBOQ_K_BALANCE": "0"}).ppl for t in ("f16", "turboq3")}
-    inc_hf, inc_cpp = hf["turboq3"] / hf["f16"] - 1, cpp["turboq3"] / cpp["f16"] - 1
-    print(f"{model} f16 PPL: transformers {hf['f16']:.3f}, llama.cpp {cpp['f16']:.3f}; turboq3: {hf['turboq3']:.3f}, "
-          f"{cpp['turboq3']:.3f}; increase {inc_hf:+.2%} vs {inc_cpp:+.2%} (tolerance {INCREASE_TOL:.3f})")
+                           score_from=257, max_tokens=chunks * 512, show_progress=False).ppl for t in types}
+    cpp = {t: llama_perplexity(lm.gguf, text, t, t, ctx=512, chunks=chunks, threads=2, env=env).ppl for t in types}
+    inc_hf, inc_cpp = hf[type_name] / hf["f16"] - 1, cpp[type_name] / cpp["f16"] - 1
+    print(f"{model} f16 PPL: transformers {hf['f16']:.3f}, llama.cpp {cpp['f16']:.3f}; {type_name}: {hf[type_name]:.3f}, "
+          f"{cpp[type_name]:.3f}; increase {inc_hf:+.2%} vs {inc_cpp:+.2%} (tolerance {INCREASE_TOL:.3f})")
     assert abs(hf["f16"] / cpp["f16"] - 1) < 0.02
     assert abs(inc_hf - inc_cpp) < INCREASE_TOL
-    assert inc_hf > 0.05 and inc_cpp > 0.05  # turboq3 does cost something: the check is not vacuous
+    assert inc_hf > 0.05 and inc_cpp > 0.05  # the type does cost something: the check is not vacuous

@@ -1,12 +1,15 @@
-"""The KV-cache codecs in torch: turboq2/3/4/8 and their twins (_g64, _g32, _g16: 64-, 32- and 16-value groups) bit for bit
-equal to pyturbo.lab.reference and the C codec, q8_0 equal to ggml's reference quantizer, and the
-plain float types.
+"""The KV-cache codecs in torch: turboq2/3/4/8, their twins (_g64, _g32, _g16: 64-, 32- and 16-value groups) and
+the trellis types (turboq3t, turboq2t) bit for bit equal to pyturbo.lab.reference and the C codec, q8_0 equal to
+ggml's reference quantizer, and the plain float types.
 
 Rows are [..., n] float tensors; a row's bytes are [..., n // block_size * block_bytes] uint8, the
 blocks of the row in order, exactly as one llama.cpp cache row holds them. Every float operation
 of the turboq path is float32 and in the C order (pyturbo/lab/reference.py documents it): fixed
 halving-tree sums, Walsh-Hadamard butterflies h = 1..g/2, no fused multiply-add (torch's eager
-elementwise ops on the CPU never fuse).
+elementwise ops on the CPU never fuse). A trellis group's path search and its code stream are the
+NumPy reference's own (pyturbo.lab.trellis.viterbi, reference.pack/unpack): a step of the search
+is one operation on every group at once, which NumPy does faster than torch for a cache row's few
+groups, and one copy of the search is what the C encoders are checked against.
 """
 from __future__ import annotations
 
@@ -17,12 +20,13 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ..lab.codebook import D, SIGN_SEED, codebooks, thresholds
+from ..lab import reference, trellis
+from ..lab.codebook import D, SIGN_SEED, TRELLIS_BITS, codebooks, thresholds, trellis_codebooks
 from ..lab.signs import sign_lists
-from ..types import TURBOQ_TWIN_TYPES, TURBOQ_TYPES, CacheType, cache_type, turboq_base
+from ..types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, CacheType, cache_type, turboq_base
 
 FLOAT_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-SUPPORTED = ("f32", "f16", "bf16", "q8_0", *TURBOQ_TYPES, *TURBOQ_TWIN_TYPES)
+SUPPORTED = ("f32", "f16", "bf16", "q8_0", *TURBOQ_TYPES, *TURBOQ_TWIN_TYPES, *TRELLIS_TYPES)
 QK8_0 = 32
 FP16_MAX = 65504.0
 
@@ -87,7 +91,8 @@ def _signs(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _tables_for(name: str, seed: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     s1, s2 = _signs(seed)
     thr = thresholds().get(name)
-    return (torch.from_numpy(codebooks()[name].copy()), None if thr is None else torch.from_numpy(thr.copy()), s1, s2)
+    levels = trellis_codebooks()[name] if name in TRELLIS_BITS else codebooks()[name]  # a trellis type's: by state
+    return (torch.from_numpy(levels.copy()), None if thr is None else torch.from_numpy(thr.copy()), s1, s2)
 
 
 def tree_sum(v: torch.Tensor) -> torch.Tensor:
@@ -129,7 +134,9 @@ def turboq_encode_groups(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torc
     r = torch.sqrt(tree_sum(u * u))[:, None]
     v = u / r
     y = (fwht(v * s1) * _inv_sqrt(g)) * s2
-    if _base(name) == "turboq8":
+    if name in TRELLIS_BITS:
+        q = torch.from_numpy(trellis.viterbi(y.numpy(), cb.numpy(), TRELLIS_BITS[name]))
+    elif _base(name) == "turboq8":
         a = y.abs().amax(dim=-1, keepdim=True)
         # a true division: `127.5 / a` would be torch's reciprocal-then-multiply, one rounding more than C
         t = torch.div(torch.full_like(a, 127.5), a)
@@ -154,6 +161,8 @@ def _offsets(name: str) -> tuple[int, int]:
 
 
 def turboq_pack(name: str, norms: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    if name in TRELLIS_BITS:
+        return torch.from_numpy(reference.pack(name, norms.numpy(), idx.numpy()))
     n, g = idx.shape
     base = _base(name)
     head = norms.to(torch.float16).contiguous().view(torch.uint8).reshape(n, 2)
@@ -180,6 +189,9 @@ def turboq_unpack(name: str, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.
     g, base = _group(name), _base(name)
     o_qs, o_qh = _offsets(name)
     b = blocks.reshape(-1, cache_type(name).block_bytes)
+    if name in TRELLIS_BITS:  # the states, from the code stream
+        norms, states = reference.unpack(name, b.numpy())
+        return torch.from_numpy(norms.copy()), torch.from_numpy(states)
     norms = b[:, 0:2].contiguous().view(torch.float16)[:, 0]
     if base in ("turboq2", "turboq3"):
         qs = b[:, o_qs:o_qh]
@@ -251,8 +263,10 @@ def _turboq3_keys(b: torch.Tensor, g: int) -> torch.Tensor:
 def _decode_fast(name: str, b: torch.Tensor) -> torch.Tensor:
     g, base = _group(name), _base(name)
     norms = b[:, 0:2].contiguous().view(torch.float16)[:, 0].to(torch.float32)[:, None]
-    if base == "turboq8":
-        y = torch.nn.functional.embedding(b[:, 2:2 + g].to(torch.int32), _tables(name)[0][:, None]).reshape(b.shape[0], g)
+    if base == "turboq8" or name in TRELLIS_BITS:
+        # one level per index (a trellis type's per state, which spans two bytes of the stream)
+        idx = b[:, 2:2 + g] if base == "turboq8" else turboq_unpack(name, b)[1]
+        y = torch.nn.functional.embedding(idx.to(torch.int32), _tables(name)[0][:, None]).reshape(b.shape[0], g)
         return (y @ _inverse_rotation(g)) * norms
     table, m = _byte_tables_for(name, _sign_seed)
     o_qs = _offsets(name)[0]
