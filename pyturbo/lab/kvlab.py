@@ -126,6 +126,21 @@ def load(path: Path) -> list[dict[str, np.ndarray]]:
     return [dict(np.load(f)) for f in sorted(path.glob("chunk*.npz"))]
 
 
+def lab_path(model: Path, ctx: int = 512) -> Path:
+    """Where the lab keeps model's chunks of ctx tokens."""
+    return lab_dir() / (model.stem if ctx == 512 else f"{model.stem}-c{ctx}")
+
+
+def dumped(model: Path, ctx: int = 512, chunks: int = 2) -> Path:
+    """lab_path(model, ctx), dumped first (chunks of botchan.txt) when it holds no chunk."""
+    from .. import data
+
+    path = lab_path(model, ctx)
+    if not any(path.glob("chunk*.npz")):
+        dump(model, data.corpus(), n_ctx=ctx, chunks=chunks, out=path)
+    return path
+
+
 # ---- encoder variants (float64 NumPy; the shipped codec is `Variant(bits)` with the built-in signs) ----
 
 @lru_cache(maxsize=None)
@@ -483,13 +498,10 @@ def main(args) -> None:
 
     model = Path(args.model) if args.model else data.default_model()
     ctx = args.ctx
-    path = lab_dir() / (model.stem if ctx == 512 else f"{model.stem}-c{ctx}")
     if args.action == "dump":
-        print(dump(model, data.corpus(), n_ctx=ctx, chunks=args.chunks, out=path))
+        print(dump(model, data.corpus(), n_ctx=ctx, chunks=args.chunks, out=lab_path(model, ctx)))
         return
-    if not any(path.glob("chunk*.npz")):
-        dump(model, data.corpus(), n_ctx=ctx, chunks=max(args.chunks, 2), out=path)
-    chunks = load(path)[:args.chunks]
+    chunks = load(dumped(model, ctx, max(args.chunks, 2)))[:args.chunks]
     scale = args.attn_scale
     seeds: list[int | None] = [None, *range(1, args.seeds)]
     only = list(END_TO_END) if args.action == "validate" else args.only

@@ -113,7 +113,7 @@ def e2e(n_chunks: int, threads: int = 2, seeds: tuple[int | None, ...] = (None,)
 
     torch.set_num_threads(threads)
     lm = load()
-    lab = kvlab.load(kvlab.lab_dir() / data.default_model().stem)  # the dump's Q/K give the channel scale
+    lab = kvlab.load(kvlab.dumped(data.default_model()))  # the dump's Q/K give the channel scale
     scales = kvlab.channel_scales(lab)
     V = kvlab.Variant
     configs = {"q4_0": lambda s: (kvlab.mainline("q4_0"),) * 2} if baselines else {}
