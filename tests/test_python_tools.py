@@ -300,6 +300,29 @@ def test_needle_prompts_are_exact_and_repeatable(gemma):
     assert not _hit(" 4821", "48213") and not _hit(" 1000000", "48213") and not _hit("\n48213", "48213")
 
 
+def test_bench_needle_configs_reach_the_cache(tiny128):
+    """':winW' and ':N' become pyturbo.Llama's parameters (llama-cpp-python reads no LLAMA_ARG_* alias,
+    so a window passed as the environment alone would be silently dropped), a debug switch reaches libllama."""
+    import ctypes
+
+    from pyturbo._paths import library
+    from pyturbo.bench.needle import open_llama
+
+    window = library("llama").llama_turboq_exact_window
+    window.restype, window.argtypes = ctypes.c_int32, [ctypes.c_void_p]
+    llm = open_llama(tiny128, "turboq3/turboq4:3:win32", 512, 1)
+    try:
+        assert window(llm._ctx.ctx) == 32 and llm.kv_exact_window == 32
+        assert llm.cache_type_k == "turboq3" and llm.layer_adaptive == 3
+    finally:
+        llm.close()
+    llm = open_llama(tiny128, "turboq3", 512, 1)
+    try:
+        assert window(llm._ctx.ctx) == 0
+    finally:
+        llm.close()
+
+
 def test_bench_needle_table(build_info):
     r = subprocess.run([sys.executable, "-m", "pyturbo", "bench", "needle", "--ctx", "1024", "--depths", "0.5",
                         "--trials", "1", "--types", "f16", "turboq8"], capture_output=True, text=True, timeout=600)

@@ -68,16 +68,25 @@ def _hit(answer: str, number: str) -> bool:
     return digits.startswith(number)
 
 
-def run_config(model, config: str, probes: list[Probe], threads: int) -> dict[tuple[int, float, int], tuple[bool, str]]:
+def open_llama(model, config: str, ctx: int, threads: int):
+    """A pyturbo.Llama with config's cache: its types, layer mode and exact window as parameters
+    (llama-cpp-python reads no LLAMA_ARG_* alias), the debug switches (':unscaled', ...) in the
+    environment while the model and its caches are set up, which is when libllama reads them."""
+    from .. import exact_window
     from ..llama import Llama, scoped_env
     _, k, v, env = parse_config(config)
     la = int(env.pop("TURBO_LAYER_ADAPTIVE", 0) or 0)
+    window = int(env.pop(exact_window.ENV, 0) or 0)
+    with scoped_env(env):
+        return Llama(str(model), n_ctx=ctx, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
+                     flash_attn=True, cache_type_k=k, cache_type_v=v, layer_adaptive=la or None,
+                     kv_exact_window=window or None, verbose=False)
+
+
+def run_config(model, config: str, probes: list[Probe], threads: int) -> dict[tuple[int, float, int], tuple[bool, str]]:
     out = {}
     for ctx in sorted({p.ctx for p in probes}):
-        # debug switches (':unscaled', ...) are read when the model and its caches are set up
-        with scoped_env(env):
-            llm = Llama(str(model), n_ctx=ctx, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
-                        flash_attn=True, cache_type_k=k, cache_type_v=v, layer_adaptive=la or None, verbose=False)
+        llm = open_llama(model, config, ctx, threads)
         try:
             for p in (p for p in probes if p.ctx == ctx):
                 t0 = time.time()
@@ -122,5 +131,6 @@ def add_parsers(sub) -> None:
     n.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     n.add_argument("--trials", type=int, default=2)
     n.add_argument("--threads", type=int, default=2)
-    n.add_argument("--types", nargs="+", default=NEEDLE_TYPES, help="'t' or 'k/v', plus ':N' (layer mode), ':unscaled', ':uncentered'")
+    n.add_argument("--types", nargs="+", default=NEEDLE_TYPES,
+                   help="'t' or 'k/v', plus ':N' (layer mode), ':winW' (exact window), ':unscaled', ':uncentered'")
     n.set_defaults(func=needle)
