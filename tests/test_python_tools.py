@@ -328,9 +328,47 @@ def test_bench_needle_table(build_info):
                         "--trials", "1", "--types", "f16", "turboq8"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [line for line in r.stdout.splitlines() if line.startswith("| ")]
-    assert lines[0] == "| K/V | 1k @ 50% | hits | same answers as f16 |"
-    assert lines[1] == "| f16 | 1/1 | 1/1 | 1/1 |"          # measured: Gemma 3 270M finds it at 1k
+    assert lines[0] == "| K/V | 1k @ 50% | hits | same answers as f16 | log p, mean | vs f16 |"
+    assert lines[1].startswith("| f16 | 1/1 | 1/1 | 1/1 | -") and lines[1].endswith(" | +0.000 |")  # Gemma finds it at 1k
     assert lines[2].startswith("| turboq8 | ")
+
+
+@pytest.mark.parametrize("config", ["f16", "turboq3:win32"])
+def test_needle_log_probability_is_the_teacher_forced_one(tiny128, config):
+    """The bench's greedy answer and the number's log-probability from one prompt evaluation (the
+    cache rolled back where the answer leaves the number) equal a plain greedy completion and a
+    teacher-forced pass with every position's logits; the random model misses, so the rollback runs."""
+    import numpy as np
+
+    from pyturbo.bench.needle import MAX_NEW, answer_probe, make_probes, open_llama
+    llm = open_llama(tiny128, config, 512, 1)
+    try:
+        probes = make_probes(llm, data.corpus().read_text(encoding="utf-8"), [512], [0.3, 0.8], trials=1)
+        got = [answer_probe(llm, p) for p in probes]
+        for p, a in zip(probes, got):
+            llm.reset()
+            plain = llm.create_completion(list(p.tokens), max_tokens=MAX_NEW, temperature=0.0, top_k=1)
+            assert a.text == plain["choices"][0]["text"] and not a.hit
+    finally:
+        llm.close()
+    from pyturbo import exact_window
+    from pyturbo.bench.cpu import parse_config
+    from pyturbo.llama import Llama
+    _, k, v, env = parse_config(config)
+    ref = Llama(str(tiny128), n_ctx=512, n_batch=512, n_threads=1, flash_attn=True, cache_type_k=k, cache_type_v=v,
+                kv_exact_window=int(env.get(exact_window.ENV, 0)) or None, logits_all=True, verbose=False)
+    try:
+        for p, a in zip(probes, got):
+            target = ref.tokenize(f" {p.number}".encode(), add_bos=False, special=False)
+            ref.reset()
+            ref.eval(list(p.tokens) + target[:-1])
+            z = ref.scores[len(p.tokens) - 1: len(p.tokens) - 1 + len(target)].astype(np.float64)
+            lse = np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1)) + z.max(axis=1)
+            want = float(sum(z[i, t] - lse[i] for i, t in enumerate(target)))
+            assert abs(a.logprob - want) < 1e-3 * len(target), (a.logprob, want)
+            assert a.logprob < -1.0   # the random model does not know the number
+    finally:
+        ref.close()
 
 
 def test_bench_config_options_combine():

@@ -9,12 +9,18 @@ the end, answered greedily:
 A hit is an answer whose first digits are the number. Every configuration sees the same prompts
 (same filler, same numbers, same positions in tokens), so the table compares caches, not luck.
 
+Hits move in whole probes, so a few dozen probes cannot rank caches that differ by two. The table
+also gives the log-probability of the number itself, teacher-forced after the question (natural
+log, summed over its tokens), and its mean change against f16 over the same probes: a continuous
+measure that says how close a cache is to losing a needle, hit or not.
+
   pyturbo bench needle [--model M] [--text botchan|pydoc|FILE] [--ctx 4096 8192 16384]
                        [--depths 0.1 0.5 0.9] [--trials 2] [--types f16 q4_0 turboq3/turboq4:3 ...]
 """
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import re
 import sys
@@ -46,6 +52,8 @@ def make_probes(llm, text: str, ctxs: list[int], depths: list[float], trials: in
     bos = tok("", bos=True)
     q = tok(QUESTION)
     rng = random.Random(seed)
+    # room for the answer, and for the number teacher-forced where a tokenizer spends more on it
+    room = max(MAX_NEW, len(tok(" 99999")))
     probes = []
     for ctx in ctxs:
         for trial in range(trials):
@@ -54,7 +62,7 @@ def make_probes(llm, text: str, ctxs: list[int], depths: list[float], trials: in
             for depth in depths:
                 number = str(rng.randrange(10000, 100000))
                 needle = tok(f" The secret number is {number}. ")
-                n_fill = ctx - len(bos) - len(needle) - len(q) - MAX_NEW - 1
+                n_fill = ctx - len(bos) - len(needle) - len(q) - room - 1
                 body = (filler[start:] + filler)[:n_fill]
                 if len(body) < n_fill:
                     raise SystemExit(f"the text has {len(filler)} tokens; {n_fill} are needed at ctx {ctx}")
@@ -83,19 +91,67 @@ def open_llama(model, config: str, ctx: int, threads: int):
                      kv_exact_window=window or None, verbose=False)
 
 
-def run_config(model, config: str, probes: list[Probe], threads: int) -> dict[tuple[int, float, int], tuple[bool, str]]:
+@dataclass(frozen=True)
+class Answer:
+    hit: bool
+    text: str        # the greedy answer
+    logprob: float   # log p(the number | prompt), teacher-forced
+
+
+def _last_logits(llm):
+    import numpy as np
+    import llama_cpp
+    ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).astype(np.float64)
+
+
+def _log_p(z, token: int) -> float:
+    import numpy as np
+    m = z.max()
+    return float(z[token] - m - math.log(np.exp(z - m).sum()))
+
+
+def answer_probe(llm, p: Probe) -> Answer:
+    """The greedy answer, decoded as llama-cpp-python's greedy completion decodes it (the prompt in
+    one evaluation, then a token at a time), then the number's tokens teacher-forced from where the
+    answer leaves them: the logits already computed serve as far as the answer agrees, and the cache
+    is rolled back to that point for the rest, so the prompt is evaluated once."""
+    target = llm.tokenize(f" {p.number}".encode(), add_bos=False, special=False)
+    prompt = list(p.tokens)
+    llm.reset()
+    llm.eval(prompt)
+    logits, answer = [_last_logits(llm)], []
+    while len(answer) < MAX_NEW:
+        t = int(logits[-1].argmax())
+        if t == llm.token_eos():
+            break
+        answer.append(t)
+        llm.eval([t])
+        logits.append(_last_logits(llm))
+    text = llm.detokenize(answer, prev_tokens=prompt).decode("utf-8", errors="ignore")  # as create_completion
+    agree = 0
+    while agree < min(len(answer), len(target)) and answer[agree] == target[agree]:
+        agree += 1
+    logprob = sum(_log_p(logits[i], target[i]) for i in range(min(agree + 1, len(target))))
+    if agree + 1 < len(target):
+        llm.n_tokens = len(prompt) + agree  # eval drops the cache's rows from here on
+        for i in range(agree, len(target) - 1):
+            llm.eval([target[i]])
+            logprob += _log_p(_last_logits(llm), target[i + 1])
+    return Answer(_hit(text, p.number), text, logprob)
+
+
+def run_config(model, config: str, probes: list[Probe], threads: int) -> dict[tuple[int, float, int], Answer]:
     out = {}
     for ctx in sorted({p.ctx for p in probes}):
         llm = open_llama(model, config, ctx, threads)
         try:
             for p in (p for p in probes if p.ctx == ctx):
                 t0 = time.time()
-                llm.reset()
-                r = llm.create_completion(list(p.tokens), max_tokens=MAX_NEW, temperature=0.0, top_k=1)
-                answer = r["choices"][0]["text"]
-                out[(p.ctx, p.depth, p.trial)] = (_hit(answer, p.number), answer)
-                print(f"# {config} ctx {ctx} depth {p.depth} trial {p.trial}: {p.number} -> {answer!r} "
-                      f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+                a = answer_probe(llm, p)
+                out[(p.ctx, p.depth, p.trial)] = a
+                print(f"# {config} ctx {ctx} depth {p.depth} trial {p.trial}: {p.number} -> {a.text!r} "
+                      f"(log p {a.logprob:.3f}; {time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
         finally:
             llm.close()
     return out
@@ -113,14 +169,20 @@ def needle(args: argparse.Namespace) -> None:
     results = {t: run_config(model, t, probes, args.threads) for t in types}
     cells = sorted({(p.ctx, p.depth) for p in probes})
     print(f"\n{model.name}, needle in {text.name}, greedy; hits of {args.trials} trial(s) per cell; "
-          "'same as f16' counts cells whose answers equal f16's\n")
-    print("| K/V | " + " | ".join(f"{c // 1024}k @ {d:.0%}" for c, d in cells) + " | hits | same answers as f16 |")
-    print("|---|" + "---|" * (len(cells) + 2))
+          "'same as f16' counts probes whose answers equal f16's; log p: the number's log-probability, "
+          "teacher-forced, the mean over probes, and its mean change against f16's on the same probes\n")
+    print("| K/V | " + " | ".join(f"{c // 1024}k @ {d:.0%}" for c, d in cells)
+          + " | hits | same answers as f16 | log p, mean | vs f16 |")
+    print("|---|" + "---|" * (len(cells) + 4))
+    base = results["f16"]
     for t in types:
         r = results[t]
-        row = [sum(r[(c, d, i)][0] for i in range(args.trials)) for c, d in cells]
-        same = sum(r[key][1] == results["f16"][key][1] for key in r)
-        print(f"| {t} | " + " | ".join(f"{h}/{args.trials}" for h in row) + f" | {sum(row)}/{len(r)} | {same}/{len(r)} |")
+        row = [sum(r[(c, d, i)].hit for i in range(args.trials)) for c, d in cells]
+        same = sum(r[key].text == base[key].text for key in r)
+        mean = sum(a.logprob for a in r.values()) / len(r)
+        delta = sum(r[key].logprob - base[key].logprob for key in r) / len(r)
+        print(f"| {t} | " + " | ".join(f"{h}/{args.trials}" for h in row)
+              + f" | {sum(row)}/{len(r)} | {same}/{len(r)} | {mean:.3f} | {delta:+.3f} |")
 
 
 def add_parsers(sub) -> None:
