@@ -29,6 +29,7 @@ class LayerPolicy:
     k_boundary: str | None  # None: the requested type
     v_boundary: str | None
     v_other: str | None
+    full_context: bool  # the ranking's candidates are only the layers without a sliding window
 
     def types(self, boundary: bool, type_k: str, type_v: str) -> tuple[str, str]:
         if boundary:
@@ -48,11 +49,12 @@ def policies() -> dict[int, LayerPolicy]:
     fn.argtypes = [C.c_int32, C.POINTER(C.c_int32)]
     by_id = {t.ggml_id: t.name for t in CACHE_TYPES.values()}
     out: dict[int, LayerPolicy] = {}
-    row = (C.c_int32 * 7)()
+    row = (C.c_int32 * 8)()
     i = 0
     while fn(i, row):
-        mode, n_first, n_last, div, k_b, v_b, v_o = row
-        out[mode] = LayerPolicy(mode, n_first, n_last, div, *(by_id[t] if t >= 0 else None for t in (k_b, v_b, v_o)))
+        mode, n_first, n_last, div, k_b, v_b, v_o, full = row
+        out[mode] = LayerPolicy(mode, n_first, n_last, div, *(by_id[t] if t >= 0 else None for t in (k_b, v_b, v_o)),
+                                bool(full))
         i += 1
     return out
 
@@ -90,17 +92,24 @@ def check_mode(mode: int) -> int:
     return mode
 
 
-def boundary_layers(mode: int, n_layer: int, k_gains: Sequence[float] | None = None) -> list[bool]:
+def boundary_layers(mode: int, n_layer: int, k_gains: Sequence[float] | None = None,
+                    sliding: Sequence[bool] | None = None) -> list[bool]:
     """Which layers are the mode's boundary layers, by llama.cpp's own rule
-    (llama_turboq_boundary_from_gains): by position, or for the modes that rank K gain (3) the
+    (llama_turboq_boundary_from_gains): by position, or for the modes that rank K gain (3, 4) the
     n_layer // k_gain_div (at least 1) largest of k_gains, ties to the lower layer, plus the
-    positional ones. All False for mode 0."""
+    positional ones. A mode whose candidates are the layers that attend over the whole context (4)
+    also needs `sliding`, one bool per layer, True for a sliding-window layer. All False for mode 0."""
     if mode == 0:
         return [False] * n_layer
     p = policies()[check_mode(mode)]
     if p.k_gain_div and (k_gains is None or len(k_gains) != n_layer):
         raise ValueError(f"layer-adaptive mode {mode} ranks layers by K gain: pass k_gains, one per layer "
                          f"({n_layer}), e.g. pyturbo.hf.k_gains_from_gguf(model.gguf)")
+    if p.full_context:
+        if sliding is None or len(sliding) != n_layer:
+            raise ValueError(f"layer-adaptive mode {mode} picks the layers without a sliding window: pass sliding, "
+                             f"one bool per layer ({n_layer})")
+        k_gains = [-1.0 if s else g for g, s in zip(k_gains, sliding)]  # < 0: no candidate, as libllama marks them
     fn = _boundary_from_gains()
     gains = (C.c_double * n_layer)(*k_gains) if p.k_gain_div else None
     out = (C.c_bool * n_layer)()
@@ -110,12 +119,13 @@ def boundary_layers(mode: int, n_layer: int, k_gains: Sequence[float] | None = N
 
 
 def layer_cache_types(mode: int, n_layer: int, type_k: str, type_v: str,
-                      k_gains: Sequence[float] | None = None) -> list[tuple[str, str]]:
-    """(K type, V type) of every layer under the mode (k_gains: see boundary_layers)."""
+                      k_gains: Sequence[float] | None = None,
+                      sliding: Sequence[bool] | None = None) -> list[tuple[str, str]]:
+    """(K type, V type) of every layer under the mode (k_gains, sliding: see boundary_layers)."""
     if mode == 0:
         return [(type_k, type_v)] * n_layer
     p = policies()[check_mode(mode)]
-    return [p.types(b, type_k, type_v) for b in boundary_layers(mode, n_layer, k_gains)]
+    return [p.types(b, type_k, type_v) for b in boundary_layers(mode, n_layer, k_gains, sliding)]
 
 
 @lru_cache(maxsize=None)

@@ -92,12 +92,19 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     cells_swa = (cells_full if swa_full else min(cells_full, _pad(g.n_swa * n_seq + n_ubatch))) if g.n_swa else 0
     cells = [cells_swa if g.is_swa(il) else cells_full for il in range(g.n_layer)]
     policy = policies().get(layer_adaptive) if layer_adaptive else None
-    ranked = policy is not None and policy.k_gain_div
+    sliding = [g.is_swa(il) for il in range(g.n_layer)]
+    ranked = policy is not None and policy.k_gain_div != 0
+    if ranked:
+        # a mode that takes every candidate (4: the layers without a sliding window) picks the same
+        # layers whatever the gains; only one that picks among them needs the model's K weights
+        by_gain = (boundary_layers(layer_adaptive, g.n_layer, list(range(1, g.n_layer + 1)), sliding) !=
+                   boundary_layers(layer_adaptive, g.n_layer, list(range(g.n_layer, 0, -1)), sliding))
+        ranked = by_gain
     if ranked and not upper_bound:
         raise ValueError(f"layer-adaptive mode {layer_adaptive} picks its layers from the model's K weights; "
                          "pass upper_bound=True for a bound")
     # for a bound, the layers with the most cells stand in for those of largest K gain
-    boundary = boundary_layers(layer_adaptive, g.n_layer, cells if ranked else None)
+    boundary = boundary_layers(layer_adaptive, g.n_layer, cells if policy and policy.k_gain_div else None, sliding)
 
     def row_bytes(t: str, requested: str, hd: int) -> int:
         ct = stored_type(t, requested, hd)
@@ -117,7 +124,7 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
 def window_bytes(model: str | Path, cache_type_k: str, cache_type_v: str, layer_adaptive: int, n_seq: int,
                   w: int) -> int:
     """The exact window's F16 rows (llama-turboq-window.h) in the layers that keep them. For the
-    modes that rank layers by K gain, their boundary types are quantized as well (q8_0), so
+    modes that rank layers by K gain, their boundary types are quantized as well (q8_0, turboq4), so
     which layers they are does not change the count."""
     g = kv_geometry(model)
     if g.mla:

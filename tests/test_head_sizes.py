@@ -304,6 +304,7 @@ def test_tiny_models_run_on_the_twins(tiny, short_text, head_dim, g):
 MODES_AT_80 = {
     1: [("turboq8_g16", "turboq8_g16")] * 2,
     3: None,  # one layer, by K gain: turboq8_g16 K there
+    4: [("turboq4_g16", "turboq3_g16")] * 2,  # no sliding-window layers: every layer
     5: [("turboq3_g16", "turboq4_g16")] * 2,
     7: [("turboq3_g16", "turboq8_g16")] * 2,
 }
@@ -322,13 +323,15 @@ def test_layer_adaptive_modes_at_head_size_80(tiny, short_text, mode):
 
     gains = k_gains_from_gguf(model) if policies()[mode].k_gain_div else None
     mirror = [(stored_type(k, "turboq3", 80).name, stored_type(v, "turboq3", 80).name)
-              for k, v in layer_cache_types(mode, 2, "turboq3", "turboq3", gains)]
+              for k, v in layer_cache_types(mode, 2, "turboq3", "turboq3", gains, [False, False])]  # no sliding window
     assert got == mirror
     if MODES_AT_80[mode] is not None:
         assert got == MODES_AT_80[mode]
     else:
         assert sorted(got) == [("turboq3_g16", "turboq3_g16"), ("turboq8_g16", "turboq3_g16")]
-    if mode != 5:
+    if mode == 4:
+        assert "this model has no sliding-window layers, so every layer attends over the whole context" in out
+    if mode not in (4, 5):
         assert re.search(r"head size 80: the mode's [KV] q8_0 does not divide it; [KV] turboq8_g16", out), out[-2000:]
     n_ctx = int(re.search(r"llama_context: n_ctx += (\d+)", out).group(1))
     # mode 3's bound is exact here: both layers hold the same cells

@@ -188,8 +188,8 @@ def test_bad_input_is_a_clear_error(rng):
     layer.update(torch.randn(1, 2, 3, 64), torch.randn(1, 2, 3, 64))
     with pytest.raises(ValueError, match="head_dim 64"):
         layer.update(torch.randn(1, 2, 1, 80), torch.randn(1, 2, 1, 80))
-    with pytest.raises(ValueError, match="layer-adaptive mode 4"):
-        layer_cache_types(18, "turboq3", "turboq3", 4)
+    with pytest.raises(ValueError, match="layer-adaptive mode 8"):
+        layer_cache_types(18, "turboq3", "turboq3", 8)
 
 
 @pytest.mark.parametrize("mode", [m for m in layer_adaptive.modes() if m])
@@ -198,9 +198,16 @@ def test_layer_adaptive_types_are_libllama_table(mode):
     n_layer = 18
     if p.k_gain_div:
         gains = list(np.random.default_rng(mode).random(n_layer))
-        got = layer_cache_types(n_layer, "turboq3", "turboq4", mode, gains)
-        picked = set(np.argsort(-np.asarray(gains), kind="stable")[:max(1, n_layer // p.k_gain_div)])
+        sliding = [(il + 1) % 6 != 0 for il in range(n_layer)]  # Gemma 3's pattern
+        got = layer_cache_types(n_layer, "turboq3", "turboq4", mode, gains, sliding)
+        candidates = [il for il in range(n_layer) if not (p.full_context and sliding[il])]
+        ranked = sorted(candidates, key=lambda il: -gains[il])
+        picked = set(ranked[:max(1, n_layer // p.k_gain_div)])
         assert got == [p.types(il in picked, "turboq3", "turboq4") for il in range(n_layer)]
+        if p.full_context:
+            assert picked == {5, 11, 17}
+            with pytest.raises(ValueError, match="sliding"):
+                layer_cache_types(n_layer, "turboq3", "turboq4", mode, gains)
         with pytest.raises(ValueError, match="k_gains"):
             layer_cache_types(n_layer, "turboq3", "turboq4", mode)
     else:
@@ -209,11 +216,15 @@ def test_layer_adaptive_types_are_libllama_table(mode):
 
 
 def test_layer_adaptive_3_on_gemma_picks_llama_cpp_layers(gemma_lm):
-    # README: on Gemma 3 270M mode 3 puts q8_0 K on layers 11 and 5
+    # README: on Gemma 3 270M mode 3 puts q8_0 K on layers 11 and 5, mode 4 turboq4 K on the
+    # layers without a sliding window (5, 11, 17), as test_llama_tools reads llama.cpp's log
     gains = k_gains_from_gguf(gemma_lm.gguf)
     cache = TurboQuantCache(gemma_lm.model.config, "turboq3", "turboq4", 3, gains)
     assert [il for il, (tk, _) in enumerate(cache.layer_types_kv) if tk == "q8_0"] == [5, 11]
     assert all(tv == "turboq4" for _, tv in cache.layer_types_kv)
+    cache = TurboQuantCache(gemma_lm.model.config, "turboq3", "turboq3", 4, gains)
+    assert [il for il, (tk, _) in enumerate(cache.layer_types_kv) if tk == "turboq4"] == [5, 11, 17]
+    assert all(tv == "turboq3" for _, tv in cache.layer_types_kv)
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,7 @@ def test_head_dim_72_gives_llama_cpp_reason(Llama):
 
 def test_invalid_layer_adaptive_mode(Llama, tiny128):
     with pytest.raises(ValueError, match="valid modes"):
-        make(Llama, tiny128, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive=4)
+        make(Llama, tiny128, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive=8)
 
 
 def decode_logits(Llama, path: str, k: str, v: str, tokens: list[int], n_prompt: int) -> np.ndarray:

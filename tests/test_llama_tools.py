@@ -199,15 +199,15 @@ def test_invalid_layer_adaptive_mode_is_an_error(tiny128, short_text, monkeypatc
     """--layer-adaptive and its environment alias TURBO_LAYER_ADAPTIVE are checked when the
     arguments are parsed, against libllama's table."""
     from pyturbo import layer_adaptive
-    extra = ("--layer-adaptive", "4") if how == "flag" else ()
+    extra = ("--layer-adaptive", "8") if how == "flag" else ()
     if how == "env":
-        monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "4")
+        monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "8")
     r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128",
                  "-ctk", "turboq3", "-ctv", "turboq3", *extra, check=False)
     assert r.returncode > 0
     out = r.stderr + r.stdout
     assert ("argument \"--layer-adaptive\"" if how == "flag" else "environment variable \"TURBO_LAYER_ADAPTIVE\"") in out
-    assert "'4' is not a layer-adaptive mode" in out
+    assert "'8' is not a layer-adaptive mode" in out
     # the C table is the truth; pyturbo reads its modes from the library, and they must be the ones it lists
     listed = re.search(r"valid modes are ([\d, ]+)", out).group(1)
     assert tuple(int(m) for m in listed.split(",")) == layer_adaptive.modes()
@@ -220,9 +220,9 @@ def test_layer_adaptive_is_the_models_key(tiny128, short_text, monkeypatch):
     assert layer_adaptive.key() == "turboq.layer_adaptive"
     args = ("-m", str(tiny128), "-f", str(short_text), "-c", "128", "--chunks", "1", "-fa", "on", "-t", "2",
             "-ctk", "turboq3", "-ctv", "turboq3", "-lv", "4")
-    r = run_tool("llama-perplexity", *args, "--override-kv", "turboq.layer_adaptive=int:4", check=False)
+    r = run_tool("llama-perplexity", *args, "--override-kv", "turboq.layer_adaptive=int:8", check=False)
     assert r.returncode > 0
-    assert "turboq.layer_adaptive=4 (set by" in r.stderr + r.stdout and "is not a layer-adaptive mode" in r.stderr + r.stdout
+    assert "turboq.layer_adaptive=8 (set by" in r.stderr + r.stdout and "is not a layer-adaptive mode" in r.stderr + r.stdout
     r = run_tool("llama-perplexity", *args, "--override-kv", "turboq.layer_adaptive=int:7")
     assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in r.stderr + r.stdout
     monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "1")
@@ -249,9 +249,9 @@ def test_layer_adaptive_from_the_gguf(short_text, monkeypatch):
     assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in r.stderr + r.stdout
     r = run_tool("llama-perplexity", *args, "--layer-adaptive", "0")
     assert "layer-adaptive mode" not in r.stderr + r.stdout
-    bad = data.tiny_model(head_dim=128, layer_adaptive=4)
+    bad = data.tiny_model(head_dim=128, layer_adaptive=8)
     r = run_tool("llama-perplexity", *args[:1], str(bad), *args[2:], check=False)
-    assert r.returncode > 0 and "turboq.layer_adaptive=4 (from the GGUF) is not a layer-adaptive mode" in r.stderr + r.stdout
+    assert r.returncode > 0 and "turboq.layer_adaptive=8 (from the GGUF) is not a layer-adaptive mode" in r.stderr + r.stdout
 
 
 def test_llama_bench_reads_the_environment_alias(tiny128, monkeypatch):
@@ -261,10 +261,10 @@ def test_llama_bench_reads_the_environment_alias(tiny128, monkeypatch):
     monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "7")
     r = run_tool("llama-bench", *args)
     assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in r.stderr + r.stdout
-    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "4")
+    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "8")
     r = run_tool("llama-bench", *args, check=False)
     assert r.returncode == 1
-    assert "TURBO_LAYER_ADAPTIVE: '4' is not a layer-adaptive mode" in r.stderr
+    assert "TURBO_LAYER_ADAPTIVE: '8' is not a layer-adaptive mode" in r.stderr
 
 
 @pytest.mark.parametrize("mode,expect", [
@@ -274,18 +274,27 @@ def test_llama_bench_reads_the_environment_alias(tiny128, monkeypatch):
     (2, {9: ("turboq3", "turboq3"), 10: ("q8_0", "q8_0")}),
     # K gain from the weights (RMS of attn_k_norm): layers 11 and 5 on Gemma 3 270M, 18 // 9 = 2 of them
     (3, {11: ("q8_0", "turboq3"), 5: ("q8_0", "turboq3"), 10: ("turboq3", "turboq3"), 0: ("turboq3", "turboq3")}),
+    # the layers that attend over the whole context: Gemma 3's every sixth
+    (4, {5: ("turboq4", "turboq3"), 11: ("turboq4", "turboq3"), 17: ("turboq4", "turboq3"), 0: ("turboq3", "turboq3"),
+         16: ("turboq3", "turboq3")}),
 ])
 def test_layer_adaptive_modes_on_gemma_iswa(gemma, short_text, mode, expect):
     r = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=1, extra=("--layer-adaptive", str(mode)))
     for il, (k, v) in expect.items():
         assert f"layer {il:3d}: layer-adaptive mode {mode}: K {k}, V {v}" in r.log
     assert math.isfinite(r.ppl)
-    if mode != 3:  # pyturbo.layer_adaptive reads the C table; for the positional modes it must say what the C code did
-        from pyturbo.layer_adaptive import layer_cache_types
+    if mode != 3:  # pyturbo.layer_adaptive reads the C table; for the modes that do not rank by K gain it must say what the C code did
+        from pyturbo.layer_adaptive import layer_cache_types, policies
+        from pyturbo.memory import kv_geometry
         logged = dict(re.findall(rf"layer +(\d+): layer-adaptive mode {mode}: (K \w+, V \w+)", r.log))
         assert len(logged) == 18
-        for il, (k, v) in enumerate(layer_cache_types(mode, 18, "turboq3", "turboq3")):
+        g = kv_geometry(gemma)
+        gains = [1.0] * 18 if policies()[mode].k_gain_div else None  # mode 4 takes every candidate, whatever its gain
+        for il, (k, v) in enumerate(layer_cache_types(mode, 18, "turboq3", "turboq3", gains, [g.is_swa(i) for i in range(18)])):
             assert logged[str(il)] == f"K {k}, V {v}", il
+    if mode == 4:  # picks the same layers whatever their K gain, so pyturbo.memory counts its cache exactly
+        from pyturbo.memory import kv_bytes
+        assert r.kv_mib == pytest.approx(kv_bytes(gemma, 256, "turboq3", "turboq3", 4) / 2**20, abs=0.011)
 
 
 def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):

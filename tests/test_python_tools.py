@@ -137,7 +137,7 @@ def test_doctor_json(build_info):
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["upstream"]["commit"] == json.loads((ROOT / "pyturbo" / "upstream.json").read_text())["llama_cpp_commit"]
-    assert rep["layer_adaptive_modes"] == [0, 1, 2, 3, 5, 6, 7]
+    assert rep["layer_adaptive_modes"] == [0, 1, 2, 3, 4, 5, 6, 7]
     types = {t["name"]: t for t in rep["types"]}
     assert types["turboq3"]["id"] == 61 and types["turboq3"]["block_bytes"] == 50
     assert all(v == "ok" for v in rep["roundtrip"].values())

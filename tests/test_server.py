@@ -152,7 +152,7 @@ def test_api_key_guards_everything_but_health(engine, build_info):
     (["-ctk", "turboq9"], "unknown KV cache type 'turboq9'"),
     (["-ctv", "turboq4_g64"], "ask for 'turboq4'"),
     (["-ctk", "turboq2_g32"], "ask for 'turboq2'"),
-    (["--layer-adaptive", "4"], "valid modes are 0, 1, 2, 3, 5, 6, 7"),
+    (["--layer-adaptive", "8"], "valid modes are 0, 1, 2, 3, 4, 5, 6, 7"),
     (["--parallel", "0"], "--parallel 0"),
     (["--model", "/no/such.gguf"], "/no/such.gguf: no such file"),
     (["--engine", "python", "--", "-t", "2"], "llama-server flags"),

@@ -38,15 +38,21 @@ struct layer_policy {
     ggml_type k_boundary;
     ggml_type v_boundary;
     ggml_type v_other;
+    // the ranking's candidates are only the layers that attend over the whole context: a needle
+    // thousands of positions back is read there, and there a turboq3 K loses it (pyturbo bench
+    // needle: on Gemma 3 270M, whose 3 such layers of 18 hold most of a long context's cache, a
+    // turboq4 K on them alone keeps what f16 finds)
+    bool      full_context;
 };
 
 constexpr layer_policy policies[] = {
-    { 1, 4, 4, 0, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0,      KEEP                },
-    { 2, 0, 8, 0, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0,      KEEP                },
-    { 3, 0, 0, 9, GGML_TYPE_Q8_0, KEEP,                KEEP                },
-    { 5, 2, 2, 0, KEEP,           GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0 },
-    { 6, 0, 8, 0, KEEP,           GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0 },
-    { 7, 2, 2, 0, KEEP,           GGML_TYPE_Q8_0,      GGML_TYPE_TURBOQ2_0 },
+    { 1, 4, 4, 0, GGML_TYPE_Q8_0,      GGML_TYPE_Q8_0,      KEEP,                false },
+    { 2, 0, 8, 0, GGML_TYPE_Q8_0,      GGML_TYPE_Q8_0,      KEEP,                false },
+    { 3, 0, 0, 9, GGML_TYPE_Q8_0,      KEEP,                KEEP,                false },
+    { 4, 0, 0, 1, GGML_TYPE_TURBOQ4_0, KEEP,                KEEP,                true  },
+    { 5, 2, 2, 0, KEEP,                GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0, false },
+    { 6, 0, 8, 0, KEEP,                GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0, false },
+    { 7, 2, 2, 0, KEEP,                GGML_TYPE_Q8_0,      GGML_TYPE_TURBOQ2_0, false },
 };
 
 const layer_policy * policy_of(int mode) {
@@ -96,8 +102,8 @@ bool llama_turboq_layer_policy(int32_t i, int32_t * out) {
     }
     const layer_policy & p = policies[i];
     auto id = [](ggml_type t) { return t == KEEP ? -1 : (int32_t) t; };
-    const int32_t row[7] = { p.mode, (int32_t) p.n_first, (int32_t) p.n_last, (int32_t) p.k_gain_div,
-                             id(p.k_boundary), id(p.v_boundary), id(p.v_other) };
+    const int32_t row[8] = { p.mode, (int32_t) p.n_first, (int32_t) p.n_last, (int32_t) p.k_gain_div,
+                             id(p.k_boundary), id(p.v_boundary), id(p.v_other), p.full_context ? 1 : 0 };
     std::memcpy(out, row, sizeof(row));
     return true;
 }
@@ -208,7 +214,7 @@ std::vector<bool> llama_turboq_boundary_layers(int mode, const llama_model & mod
         const auto & layer = model.layers[il];
         const ggml_tensor * w = is_mla ? (layer.attn_kv_a_norm ? layer.attn_kv_a_norm : layer.wkv_a_mqa)
                                        : (layer.attn_k_norm ? layer.attn_k_norm : layer.wk);
-        if (w == nullptr || !model.hparams.has_kv(il)) {
+        if (w == nullptr || !model.hparams.has_kv(il) || (p->full_context && model.hparams.is_swa(il))) {
             continue;
         }
         any = true;
@@ -225,6 +231,10 @@ std::vector<bool> llama_turboq_boundary_layers(int mode, const llama_model & mod
     }
     if (p->k_gain_div != 0 && !any) {
         throw std::runtime_error("layer-adaptive mode " + std::to_string(mode) + ": this model has no K weights to rank its layers by");
+    }
+    if (p->full_context && !model.hparams.is_swa_any()) {
+        LLAMA_LOG_INFO("%s: layer-adaptive mode %d: this model has no sliding-window layers, so every layer attends over "
+                       "the whole context and takes the mode's K type\n", __func__, mode);
     }
     std::unique_ptr<bool[]> out(new bool[n_layer]);
     boundary_from_gains(*p, n_layer, gains.data(), out.get());

@@ -11,6 +11,8 @@
 //   1  K+V = q8_0 for the first 4 and last 4 layers
 //   2  K+V = q8_0 for the last 8 layers
 //   3  K = q8_0 for the n_layer/9 layers (at least 1) of largest K gain, read from the weights
+//   4  K = turboq4 for the layers that attend over the whole context (every layer of a model
+//      without sliding-window layers)
 //   5  V = turboq4 at the first 2 and last 2 layers, turboq2 elsewhere (K unchanged)
 //   6  V = turboq4 at the last 8 layers, turboq2 elsewhere (K unchanged)
 //   7  V = q8_0 at the first 2 and last 2 layers, turboq2 elsewhere (K unchanged)
@@ -33,12 +35,14 @@ struct llama_turboq_layer_types {
 };
 
 // row i of the table, for bindings (pyturbo): {mode, n_first, n_last, k_gain_div, k_boundary,
-// v_boundary, v_other}, ggml type ids with -1 for "as requested"; false past the last row
+// v_boundary, v_other, full_context}, ggml type ids with -1 for "as requested", full_context 1
+// where only the layers without a sliding window are candidates; false past the last row
 extern "C" bool llama_turboq_layer_policy(int32_t i, int32_t * out);
 
 // which layers are the mode's boundary layers (out: n_layer values), by llama.cpp's rule, for
-// bindings that have each layer's K gain (gains: n_layer values, < 0 for a layer without K; may be
-// NULL for a mode that does not rank by it); false for an unknown mode or missing gains
+// bindings that have each layer's K gain (gains: n_layer values, < 0 for a layer that is no
+// candidate: without K, or with a sliding window under a full_context mode; may be NULL for a mode
+// that does not rank by it); false for an unknown mode or missing gains
 extern "C" bool llama_turboq_boundary_from_gains(int32_t mode, int32_t n_layer, const double * gains, bool * out);
 
 // the type a layer of head size n_embd_head stores for a type that a mode chose (not the requested
