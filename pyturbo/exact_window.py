@@ -1,12 +1,16 @@
 """The exact window: each sequence's last W positions read exact beside a quantized KV cache.
 
 Every token is still quantized into the cache; each layer whose K or V is quantized also keeps
-the rows of each sequence's last W + margin positions in F16 (llama-turboq-window.h), and a query
-reads the last W positions of its sequence from them instead of from the cache. It is a setting of
-the model, the GGUF key `key()` ("turboq.exact_window"): llama.cpp's tools set it with
-`--kv-exact-window W` (or its environment alias LLAMA_ARG_KV_EXACT_WINDOW), llama-cpp-python with
-`kv_overrides`, pyturbo.Llama with `kv_exact_window=W`, and `python -m server` with
-`--kv-exact-window W`. CPU only, with flash attention.
+the rows of each sequence's last W + M positions in F16 (llama-turboq-window.h), and a query
+reads the last W positions of its sequence from them instead of from the cache. The margin M
+(default 16) keeps the window whole after the last M positions are removed again (speculative
+drafts, a prompt reused up to a few tokens before its end); past it the context is processed
+again, so M = 0 saves those rows where nothing is rolled back. Both are settings of the model, the
+GGUF keys `key()` ("turboq.exact_window") and `margin_key()`: llama.cpp's tools set them with
+`--kv-exact-window W --kv-exact-window-margin M` (environment aliases LLAMA_ARG_KV_EXACT_WINDOW and
+LLAMA_ARG_KV_EXACT_WINDOW_MARGIN), llama-cpp-python with `kv_overrides`, pyturbo.Llama with
+`kv_exact_window=W, kv_exact_window_margin=M`, and `python -m server` with the same flags as
+llama.cpp's. CPU only, with flash attention.
 """
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ from functools import lru_cache
 
 from ._paths import library
 
-ENV = "LLAMA_ARG_KV_EXACT_WINDOW"  # common's set_env alias of --kv-exact-window
-MAX = 4096                          # the largest window libllama and common take
+ENV = "LLAMA_ARG_KV_EXACT_WINDOW"                # common's set_env alias of --kv-exact-window
+MARGIN_ENV = "LLAMA_ARG_KV_EXACT_WINDOW_MARGIN"  # and of --kv-exact-window-margin
+MAX = 4096                                        # the largest window (and margin) libllama and common take
 
 
 @lru_cache(maxsize=1)
@@ -28,14 +33,24 @@ def key() -> str:
     return fn().decode()
 
 
-def rows_per_sequence(w: int) -> int:
-    """F16 rows each window layer keeps per sequence for a window of w positions (0 for none)."""
+@lru_cache(maxsize=1)
+def margin_key() -> str:
+    """The model key that holds the window's margin."""
+    fn = library("llama").llama_turboq_exact_window_margin_key
+    fn.restype = C.c_char_p
+    fn.argtypes = []
+    return fn().decode()
+
+
+def rows_per_sequence(w: int, margin: int | None = None) -> int:
+    """F16 rows each window layer keeps per sequence for a window of w positions (0 for none) and
+    the given margin (None: libllama's default)."""
     if w <= 0:
         return 0
     fn = library("llama").llama_turboq_exact_window_rows
     fn.restype = C.c_uint32
-    fn.argtypes = [C.c_uint32]
-    return int(fn(w))
+    fn.argtypes = [C.c_uint32, C.c_int32]
+    return int(fn(w, -1 if margin is None else check_margin(margin)))
 
 
 def can_continue(ctx: int, seq: int, n_past: int) -> bool:
@@ -53,6 +68,16 @@ def check(w: int) -> int:
     return w
 
 
-def kv_override(w: int) -> dict[str, int]:
-    """The window as llama-cpp-python's kv_overrides (Llama(..., kv_overrides=...))."""
-    return {key(): check(w)}
+def check_margin(m: int) -> int:
+    if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= MAX:
+        raise ValueError(f"exact window margin {m!r}: a number of positions, 0 to {MAX}")
+    return m
+
+
+def kv_override(w: int, margin: int | None = None) -> dict[str, int]:
+    """The window (and its margin, None: the model's) as llama-cpp-python's kv_overrides
+    (Llama(..., kv_overrides=...))."""
+    out = {key(): check(w)}
+    if margin is not None:
+        out[margin_key()] = check_margin(margin)
+    return out

@@ -98,12 +98,14 @@ def creating_context(*, verbose: bool = True) -> Iterator[None]:
 
 
 class Llama(llama_cpp.Llama):
-    """llama_cpp.Llama with `cache_type_k`, `cache_type_v` (names), `layer_adaptive` and
-    `kv_exact_window` (each sequence's last W positions read exact; pyturbo.exact_window)."""
+    """llama_cpp.Llama with `cache_type_k`, `cache_type_v` (names), `layer_adaptive`,
+    `kv_exact_window` (each sequence's last W positions read exact; pyturbo.exact_window) and
+    `kv_exact_window_margin` (positions kept beyond it for rollbacks; default 16)."""
 
     def __init__(self, model_path: str, *args: Any, cache_type_k: str | CacheType | None = None,
                  cache_type_v: str | CacheType | None = None, layer_adaptive: int | None = None,
-                 kv_exact_window: int | None = None, **kwargs: Any) -> None:
+                 kv_exact_window: int | None = None, kv_exact_window_margin: int | None = None,
+                 **kwargs: Any) -> None:
         tk = requested_cache_type(cache_type_k) if cache_type_k is not None else None
         tv = requested_cache_type(cache_type_v) if cache_type_v is not None else None
         if tk is not None:
@@ -129,6 +131,9 @@ class Llama(llama_cpp.Llama):
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_la.kv_override(layer_adaptive)}
         if kv_exact_window is not None:
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_ew.kv_override(kv_exact_window)}
+        if kv_exact_window_margin is not None:
+            kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}),
+                                      _ew.margin_key(): _ew.check_margin(kv_exact_window_margin)}
         self.kv_exact_window = kv_exact_window or int((kwargs.get("kv_overrides") or {}).get(_ew.key(), 0))
         verbose = kwargs.get("verbose", True)
         with creating_context(verbose=verbose):

@@ -155,14 +155,16 @@ def test_several_sequences_keep_their_own_windows(tiny128, short_text, layout):
     assert two.ppl == pytest.approx(one.ppl, rel=1e-6)
 
 
-def test_python_reprocesses_a_prefix_whose_window_is_gone(Llama, tiny128, monkeypatch):
+@pytest.mark.parametrize("margin", [None, 0])
+def test_python_reprocesses_a_prefix_whose_window_is_gone(Llama, tiny128, monkeypatch, margin):
     """llama-cpp-python reuses the prompt a second completion shares with the first; with the
-    window pushed past it by the first answer, pyturbo.Llama evaluates the whole prompt again (a
-    fresh pass's rows), and both completions are the same."""
+    window pushed past it by the first answer (or, with a margin of 0, by the one position that
+    llama-cpp-python evaluates again), pyturbo.Llama evaluates the whole prompt again (a fresh
+    pass's rows), and both completions are the same."""
     import llama_cpp
 
     llm = Llama(str(tiny128), cache_type_k="turboq3", cache_type_v="turboq2", kv_exact_window=8, n_ctx=256,
-                verbose=False, seed=1)
+                kv_exact_window_margin=margin, verbose=False, seed=1)
     prompt = "The old man looked at the sea and said"
     first = llm.create_completion(prompt, max_tokens=32, temperature=0)["choices"][0]["text"]
     calls: list[int] = []
@@ -181,7 +183,109 @@ def test_the_window_counts_its_bytes(build_info):
     assert exact_window.rows_per_sequence(16) == 32 and exact_window.rows_per_sequence(0) == 0
     env = parse_config("turboq3:win16")[3]
     assert config_bpw(18, "turboq3", "turboq3", env, 8192) == pytest.approx(3.125 + 16 * 32 / 8192)
+    env = parse_config("turboq3:win16m0")[3]
+    assert env == {exact_window.ENV: "16", exact_window.MARGIN_ENV: "0"}
+    assert config_bpw(18, "turboq3", "turboq3", env, 8192) == pytest.approx(3.125 + 16 * 16 / 8192)
+    for bad in ("turboq3:win16m", "turboq3:winm4", "turboq3:win16m4097"):
+        with pytest.raises(SystemExit, match="unknown option"):
+            parse_config(bad)
     assert config_bpw(18, "f16", "f16", env, 8192) == 16  # nothing quantized: no window
     gemma = data.default_model()
     extra = kv_bytes(gemma, 4096, "turboq3", "turboq3", exact_window=16) - kv_bytes(gemma, 4096, "turboq3", "turboq3")
     assert extra == 18 * (32 + 1) * 1 * (256 + 256) * 2  # 18 layers, 1 KV head of 256, K and V in F16
+
+
+def test_a_margin_of_0_keeps_the_logits_and_saves_its_rows(build_info, tiny128, short_text):
+    """--kv-exact-window-margin 0 keeps W rows per sequence instead of W + 16: in ubatches of 7
+    (each layer reads the ring's last rows before its ubatch overwrites them, the margin no
+    longer between them) the perplexity is the default margin's to the digit, the log states the
+    margin, and the bytes are 16 rows fewer per layer, as pyturbo.memory counts them."""
+    from pyturbo import exact_window
+    from pyturbo.memory import kv_bytes
+
+    runs = {m: perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3,
+                          extra=(*window(16), "-ub", "7", *(("--kv-exact-window-margin", m) if m else ())))
+            for m in ("", "0")}
+    assert runs["0"].ppl == runs[""].ppl
+    r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "256", "--chunks", "1",
+                 "-ctk", "turboq3", "-ctv", "turboq3", "-fa", "on", *window(16), "-lv", "4",
+                 env={exact_window.MARGIN_ENV: "0"})
+    assert "read exact (F16 rows beside the cache, a margin of 0)" in r.stdout + r.stderr
+    assert exact_window.rows_per_sequence(16, 0) == 16 and exact_window.rows_per_sequence(16) == 32
+    gemma = data.default_model()
+    saved = (kv_bytes(gemma, 4096, "turboq3", "turboq3", n_seq=2, exact_window=16) -
+             kv_bytes(gemma, 4096, "turboq3", "turboq3", n_seq=2, exact_window=16, exact_window_margin=0))
+    assert saved == 18 * 2 * 16 * (256 + 256) * 2  # 18 layers, 2 sequences, 16 rows of K and V, F16
+
+
+def test_a_margin_of_0_reads_the_window_exact_until_a_rollback(Llama, tiny128, short_text):
+    """With no margin the ring holds exactly the window: the cache can continue after its last
+    position and not one before it; the logits are those of the default margin's cache."""
+    import numpy as np
+
+    from pyturbo import exact_window
+
+    def logits(margin):
+        llm = Llama(str(tiny128), cache_type_k="turboq3", cache_type_v="turboq2", kv_exact_window=8, n_ctx=256,
+                    n_batch=16, kv_exact_window_margin=margin, flash_attn=True, verbose=False, logits_all=True)
+        toks = llm.tokenize(short_text.read_text()[:2000].encode())[:60]
+        llm.eval(toks)
+        return llm, llm.scores[:60].copy()
+
+    llm, zero = logits(0)
+    assert exact_window.can_continue(llm._ctx.ctx, 0, 60) and not exact_window.can_continue(llm._ctx.ctx, 0, 59)
+    np.testing.assert_array_equal(zero, logits(None)[1])
+
+
+@pytest.mark.parametrize("bad", ["-1", "4097", "x"])
+def test_a_bad_margin_is_refused_by_the_tools_python_and_the_server(Llama, tiny128, short_text, bad):
+    import subprocess
+    import sys
+
+    r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "256", *window(8),
+                 "--kv-exact-window-margin", bad, check=False)
+    assert r.returncode != 0 and "is not an exact window's margin" in r.stdout + r.stderr
+    with pytest.raises(ValueError, match="exact window margin"):
+        Llama(str(tiny128), cache_type_k="turboq3", cache_type_v="turboq3", kv_exact_window=8,
+              kv_exact_window_margin=int(bad) if bad != "x" else bad, verbose=False)
+    if bad == "-1":
+        r = subprocess.run([sys.executable, "-m", "server", "--kv-exact-window", "8", "--kv-exact-window-margin", bad],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and "--kv-exact-window-margin: exact window margin -1" in r.stderr
+
+
+def test_the_server_keeps_a_margin_that_drafts_fit(build_info):
+    """A margin below what a draft model may roll back would let rejected drafts cut into the
+    window: refused, naming the flag to lower; and a margin needs a window."""
+    import subprocess
+    import sys
+
+    def run(*flags):
+        return subprocess.run([sys.executable, "-m", "server", *flags], capture_output=True, text=True, timeout=120)
+
+    gemma = str(data.default_model())
+    r = run("--kv-exact-window", "16", "--kv-exact-window-margin", "2", "--draft-model", gemma)
+    assert r.returncode != 0 and "give --draft-max at most 2" in r.stderr
+    r = run("--kv-exact-window-margin", "2")
+    assert r.returncode != 0 and "--kv-exact-window-margin needs --kv-exact-window" in r.stderr
+
+
+def test_a_state_saved_with_another_margin_is_refused(Llama, tiny128):
+    """The ring's slots depend on the margin, so a state saved with another one is refused, naming
+    the margin, and the context keeps what it held."""
+    from pyturbo.llama import StateError
+
+    def make(margin):
+        return Llama(str(tiny128), cache_type_k="turboq3", cache_type_v="turboq2", kv_exact_window=8, n_ctx=256,
+                     kv_exact_window_margin=margin, flash_attn=True, verbose=False)
+
+    a = make(None)
+    a.eval(a.tokenize(b"The old man looked at the sea and said nothing for a long while."))
+    state = a.save_state()
+    b = make(0)
+    b.eval(b.tokenize(b"Another text, another cache."))
+    before, n_before = bytes(b.save_state().llama_state), b.n_tokens
+    with pytest.raises(StateError, match=r"window is 8 positions and a margin of 16 over \d+ layers, this cache's 8 "
+                                         r"and 0 over \d+ \(turboq.exact_window_margin\)"):
+        b.load_state(state)
+    assert b.n_tokens == n_before and bytes(b.save_state().llama_state) == before

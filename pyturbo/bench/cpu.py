@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import re
 import statistics
 import sys
 import tempfile
@@ -40,13 +41,15 @@ OPTIONS = {"uncentered": {"TURBOQ_K_CENTER": "0"},  # K centering (and its chann
 
 # ':tailW' / ':sinkS': the last W / first S positions of each sequence read exact (debug switches)
 EXACT_ROWS = {"tail": "TURBOQ_EXACT_TAIL", "sink": "TURBOQ_EXACT_SINK"}
+WINDOW = re.compile(r"(\d+)(?:m(\d+))?")  # ':winW' or ':winWmM' after 'win'
 
 
 def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
     """'t' (K = V = t) or 'k/v', then any of ':N' (a TURBO_LAYER_ADAPTIVE mode), ':uncentered'
     (TURBOQ_K_CENTER=0), ':unscaled' (TURBOQ_K_BALANCE=0), ':onerow' (TURBOQ_FA_TILED=0),
-    ':winW' (the exact window, --kv-exact-window W through its alias LLAMA_ARG_KV_EXACT_WINDOW),
-    ':tailW' (TURBOQ_EXACT_TAIL=W), ':sinkS' (TURBOQ_EXACT_SINK=S): (label, K, V, environment)."""
+    ':winW' (the exact window, --kv-exact-window W through its alias LLAMA_ARG_KV_EXACT_WINDOW;
+    ':winWmM' with a margin of M, --kv-exact-window-margin M), ':tailW' (TURBOQ_EXACT_TAIL=W),
+    ':sinkS' (TURBOQ_EXACT_SINK=S): (label, K, V, environment)."""
     spec, *opts = c.split(":")
     k, _, v = spec.partition("/")
     v = v or k
@@ -60,12 +63,21 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
             env["TURBO_LAYER_ADAPTIVE"] = opt
         elif opt[:4] in EXACT_ROWS and opt[4:].isdigit() and int(opt[4:]) > 0:
             env[EXACT_ROWS[opt[:4]]] = opt[4:]
-        elif opt[:3] == "win" and opt[3:].isdigit() and 0 < int(opt[3:]) <= exact_window.MAX:
-            env[exact_window.ENV] = opt[3:]
+        elif opt[:3] == "win" and (m := WINDOW.fullmatch(opt[3:])) and 0 < int(m[1]) <= exact_window.MAX and \
+                (m[2] is None or int(m[2]) <= exact_window.MAX):
+            env[exact_window.ENV] = m[1]
+            if m[2] is not None:
+                env[exact_window.MARGIN_ENV] = m[2]
         else:
-            raise SystemExit(f"{c}: unknown option {opt!r} (a layer mode number, winW, tailW, sinkS, or one of "
+            raise SystemExit(f"{c}: unknown option {opt!r} (a layer mode number, winW, winWmM, tailW, sinkS, or one of "
                              f"{', '.join(OPTIONS)})")
     return c, k, v, env
+
+
+def window_margin(env: dict[str, str]) -> int | None:
+    """The exact window's margin that a configuration's environment sets (None: the default)."""
+    m = env.get(exact_window.MARGIN_ENV)
+    return int(m) if m is not None else None
 
 
 def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int, head_dim_k: int = 128,
@@ -77,10 +89,10 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
     positions (a tail and sinks) count as that many of the context's ctx positions held in f16
     instead of the type (a token is quantized as it leaves the window), as the K/V lab counts it.
     An exact window (':winW') keeps its rows besides: each layer with a quantized K or V holds
-    rows_per_sequence(W) F16 rows of K and of V per sequence on top of the cache. An MLA model
+    rows_per_sequence(W, M) F16 rows of K and of V per sequence on top of the cache. An MLA model
     (mla) caches K alone, so its bits per value are K's."""
     tail = min(sum(int(env.get(var) or 0) for var in EXACT_ROWS.values()), ctx)
-    ring = 16 * exact_window.rows_per_sequence(int(env.get(exact_window.ENV) or 0)) / ctx
+    ring = 16 * exact_window.rows_per_sequence(int(env.get(exact_window.ENV) or 0), window_margin(env)) / ctx
 
     def quantized(t: str, hd: int) -> bool:
         return layer_cache_type(t, hd).bpw < 16
@@ -130,7 +142,7 @@ def quality(args: argparse.Namespace) -> None:
             geo = kv_geometry(model)
             w = int(env.get(exact_window.ENV) or 0)
             mode = int(env.get("TURBO_LAYER_ADAPTIVE") or 0)
-            ring_mib = window_bytes(model, k, v, mode, 1, w) / 2 ** 20 if w else 0.0
+            ring_mib = window_bytes(model, k, v, mode, 1, w, window_margin(env)) / 2 ** 20 if w else 0.0
             rows.append((label, config_bpw(geo.n_layer, k, v, env, args.ctx, geo.head_dim_k, geo.head_dim_v, geo.mla),
                          r.kv_mib + ring_mib, r))
             tqdm.write(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} median {r.kld_median} p99.9 {r.kld_p999} "
@@ -140,7 +152,7 @@ def quality(args: argparse.Namespace) -> None:
     print(f"\n{model.name}, {text.name}, c={args.ctx} (-b {batch}), {chunks} chunk(s) (the second half of each "
           "scored), -fa on; KLD against the f16 cache; K/V, ':N' = TURBO_LAYER_ADAPTIVE=N, ':uncentered' = "
           "TURBOQ_K_CENTER=0, ':unscaled' = TURBOQ_K_BALANCE=0, ':winW' = --kv-exact-window W (KV MiB with its "
-          "F16 rows)" +
+          "F16 rows), ':winWmM' = with --kv-exact-window-margin M" +
           (f", ':tailW'/':sinkS' = TURBOQ_EXACT_TAIL=W/TURBOQ_EXACT_SINK=S (-ub {batch}; KV MiB without "
            "those f16 rows, bpw per layer with them)" if ubatch else "") + ". bpw in memory: 16 x the KV bytes over "
           "the f16 cache's (the log's MiB, to two decimals); bpw per layer: the types' bits averaged over the layers, which differ where layers hold "
@@ -242,7 +254,7 @@ def add_parsers(sub) -> None:
     q.add_argument("--plot", help="PNG of KLD against bits per value with the Pareto front (default: "
                                   "bench-out/quality-MODEL-TEXT-cCTX.png; 'none': no plot)")
     q.add_argument("--types", nargs="+", default=QUALITY_TYPES,
-                   help="'t', 'k/v', plus ':N' (TURBO_LAYER_ADAPTIVE), ':uncentered', ':unscaled', ':onerow', ':winW', ':tailW' or ':sinkS'")
+                   help="'t', 'k/v', plus ':N' (TURBO_LAYER_ADAPTIVE), ':uncentered', ':unscaled', ':onerow', ':winW' or ':winWmM' (margin M), ':tailW' or ':sinkS'")
     q.set_defaults(func=quality)
     s = sub.add_parser("speed", help="llama-bench prompt and generation speed vs f16, interleaved rounds")
     s.add_argument("--threads", type=int, default=1)

@@ -85,10 +85,12 @@ def open_llama(model, config: str, ctx: int, threads: int):
     _, k, v, env = parse_config(config)
     la = int(env.pop("TURBO_LAYER_ADAPTIVE", 0) or 0)
     window = int(env.pop(exact_window.ENV, 0) or 0)
+    margin = env.pop(exact_window.MARGIN_ENV, None)
     with scoped_env(env):
         return Llama(str(model), n_ctx=ctx, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
                      flash_attn=True, cache_type_k=k, cache_type_v=v, layer_adaptive=la or None,
-                     kv_exact_window=window or None, verbose=False)
+                     kv_exact_window=window or None, kv_exact_window_margin=None if margin is None else int(margin),
+                     verbose=False)
 
 
 @dataclass(frozen=True)
@@ -194,5 +196,5 @@ def add_parsers(sub) -> None:
     n.add_argument("--trials", type=int, default=2)
     n.add_argument("--threads", type=int, default=2)
     n.add_argument("--types", nargs="+", default=NEEDLE_TYPES,
-                   help="'t' or 'k/v', plus ':N' (layer mode), ':winW' (exact window), ':unscaled', ':uncentered'")
+                   help="'t' or 'k/v', plus ':N' (layer mode), ':winW' (exact window), ':winWmM' (and its margin), ':unscaled', ':uncentered'")
     n.set_defaults(func=needle)

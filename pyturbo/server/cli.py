@@ -38,6 +38,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-exact-window", type=int, default=0, metavar="W",
                     help="quantized caches: each sequence's last W positions read exact, from F16 rows kept beside "
                          "the cache (CPU; see the README; default 0 = off)")
+    ap.add_argument("--kv-exact-window-margin", type=int, default=None, metavar="M",
+                    help="with --kv-exact-window: positions kept exact beyond the window, so that it stays whole "
+                         "after the last M are removed again (a reused prompt, speculative drafts); 0 saves "
+                         "their memory, and a prompt reused short of its end is then processed again "
+                         "(default: the model's, else 16)")
     ap.add_argument("--n-ctx", type=int, default=4096, help="context of each slot, in tokens (default 4096)")
     ap.add_argument("--parallel", "-np", type=int, default=4,
                     help="slots decoding at once (llama-server engine; default 4). The python engine serves one "
@@ -71,6 +76,13 @@ def _check(args: argparse.Namespace) -> None:
         exact_window.check(args.kv_exact_window)
     except ValueError as e:
         raise ValueError(f"--kv-exact-window: {e}") from None
+    if args.kv_exact_window_margin is not None:
+        try:
+            exact_window.check_margin(args.kv_exact_window_margin)
+        except ValueError as e:
+            raise ValueError(f"--kv-exact-window-margin: {e}") from None
+        if not args.kv_exact_window:
+            raise ValueError("--kv-exact-window-margin needs --kv-exact-window")
     if args.n_ctx < 1:
         raise ValueError(f"--n-ctx {args.n_ctx}: must be at least 1")
     if args.parallel < 1:
@@ -92,6 +104,12 @@ def _check(args: argparse.Namespace) -> None:
         gguf_metadata(args.draft_model)  # a file that is not a GGUF is refused here, with the reason
         if args.draft_max is not None and args.draft_max < 1:
             raise ValueError(f"--draft-max {args.draft_max}: must be at least 1")
+        margin = args.kv_exact_window_margin
+        if args.kv_exact_window and margin is not None and (args.draft_max is None or args.draft_max > margin):
+            # a rejected draft rolls the window back by up to --draft-max positions; past the margin the
+            # next tokens would read some of the window's positions as stored, and the text would change
+            raise ValueError(f"--kv-exact-window-margin {margin} with a draft model: give --draft-max at most {margin} "
+                             f"(a rollback of rejected drafts must stay within the margin)")
     if args.engine != "llama-server":
         for flag, value in (("--draft-model", args.draft_model), ("--embeddings", args.embeddings)):
             if value is not None:
@@ -102,7 +120,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.extra and args.engine != "llama-server":
         raise ValueError(f"extra flags {' '.join(args.extra)!r} are llama-server flags; the python engine takes none")
     # these set what the memory check and the cache types already decided
-    for flag in ("--layer-adaptive", "--kv-exact-window", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v"):
+    for flag in ("--layer-adaptive", "--kv-exact-window", "--kv-exact-window-margin", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v"):
         if any(a == flag or a.startswith(flag + "=") for a in args.extra):
             raise ValueError(f"{flag} after '--': give it as python -m server's own option")
 
@@ -134,15 +152,16 @@ def _check_memory(model: str, args: argparse.Namespace) -> None:
             unified = kv_unified(args.extra, args.embeddings)
             kv = kv_bytes(model, args.n_ctx * args.parallel, args.cache_type_k, args.cache_type_v, args.layer_adaptive,
                           n_seq=args.parallel, n_stream=1 if unified else args.parallel, upper_bound=True,
-                          exact_window=args.kv_exact_window)
+                          exact_window=args.kv_exact_window, exact_window_margin=args.kv_exact_window_margin)
         else:  # llama-cpp-python keeps every sliding-window cell (swa_full)
             kv = kv_bytes(model, args.n_ctx, args.cache_type_k, args.cache_type_v, args.layer_adaptive,
-                          swa_full=True, upper_bound=True, exact_window=args.kv_exact_window)
+                          swa_full=True, upper_bound=True, exact_window=args.kv_exact_window,
+                          exact_window_margin=args.kv_exact_window_margin)
         if args.draft_model:  # the draft model has a context of the same size, with its own cache types
             kv += kv_bytes(args.draft_model, args.n_ctx * args.parallel, args.cache_type_k_draft,
                            args.cache_type_v_draft, args.layer_adaptive, n_seq=args.parallel,
                            n_stream=1 if unified else args.parallel, upper_bound=True,
-                           exact_window=args.kv_exact_window)
+                           exact_window=args.kv_exact_window, exact_window_margin=args.kv_exact_window_margin)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return  # an architecture kv_bytes does not know: llama.cpp decides
     weights = Path(model).stat().st_size + (Path(args.draft_model).stat().st_size if args.draft_model else 0)
@@ -175,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
                                            llama_server.Draft(args.draft_model, args.cache_type_k_draft,
                                                               args.cache_type_v_draft, args.draft_max)
                                            if args.draft_model else None,
-                                           args.embeddings, args.kv_exact_window)
+                                           args.embeddings, args.kv_exact_window, args.kv_exact_window_margin)
             binary("llama-server")
         except FileNotFoundError as e:
             sys.exit(f"server: {e}")
@@ -195,7 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app = python_engine.build_app(model, args.cache_type_k, args.cache_type_v, args.layer_adaptive, args.n_ctx,
                                       args.n_threads, alias, args.host, args.port, args.api_key, fallback,
-                                      verbose=not args.quiet, kv_exact_window=args.kv_exact_window)
+                                      verbose=not args.quiet, kv_exact_window=args.kv_exact_window,
+                                      kv_exact_window_margin=args.kv_exact_window_margin)
     except (ValueError, ContextError) as e:
         sys.exit(f"server: {e}")
     sys.exit(python_engine.run(app, args.host, args.port, args.quiet))

@@ -60,6 +60,7 @@ class LaunchSpec:
     draft: Draft | None = None
     embeddings: str | None = None  # the pooling, when /v1/embeddings is served
     kv_exact_window: int = 0
+    kv_exact_window_margin: int | None = None  # None: the model's
 
     def argv(self) -> list[str]:
         argv = [str(binary("llama-server")), "-m", self.model, "-a", self.alias,
@@ -69,6 +70,8 @@ class LaunchSpec:
                 "--host", self.host, "--port", str(self.port)]
         # also when 0: the argument beats a TURBO_LAYER_ADAPTIVE in the caller's environment
         argv += ["--layer-adaptive", str(self.layer_adaptive), "--kv-exact-window", str(self.kv_exact_window)]
+        if self.kv_exact_window_margin is not None:
+            argv += ["--kv-exact-window-margin", str(self.kv_exact_window_margin)]
         if self.n_threads:
             argv += ["-t", str(self.n_threads), "-tb", str(self.n_threads)]
         if self.chat_fallback:

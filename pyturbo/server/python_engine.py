@@ -30,6 +30,7 @@ from .chat_template import Fallback
 class TurboModelSettings(ModelSettings):
     layer_adaptive: int = 0
     kv_exact_window: int = 0
+    kv_exact_window_margin: int | None = None
     chat_template_file: str | None = None
     chat_end_of_turn: str | None = None
 
@@ -42,9 +43,11 @@ def _load_model(settings: ModelSettings):
     the model's kv override, plus the chat template fallback."""
     # also 0, which beats a mode that the GGUF holds, as --layer-adaptive 0 does for llama-server
     (k, v), = layer_adaptive.kv_override(getattr(settings, "layer_adaptive", 0)).items()
-    (wk, wv), = exact_window.kv_override(getattr(settings, "kv_exact_window", 0)).items()
+    window = exact_window.kv_override(getattr(settings, "kv_exact_window", 0),
+                                      getattr(settings, "kv_exact_window_margin", None))
+    wv = window[exact_window.key()]
     settings = settings.model_copy(update={"kv_overrides": [*(settings.kv_overrides or []), f"{k}=int:{v}",
-                                                            f"{wk}=int:{wv}"]})
+                                                            *(f"{key}=int:{n}" for key, n in window.items())]})
     with pl.creating_context(verbose=settings.verbose):
         llm = _load_upstream(settings)
     if wv:  # a reused prompt prefix is processed again where the window no longer holds its end
@@ -85,11 +88,14 @@ def _client_error(status: int, message: str, code: str | None = None) -> JSONRes
 def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", layer_adaptive: int = 0,
               n_ctx: int = 4096, n_threads: int | None = None, alias: str | None = None,
               host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-              chat_fallback: Fallback | None = None, verbose: bool = True, kv_exact_window: int = 0):
+              chat_fallback: Fallback | None = None, verbose: bool = True, kv_exact_window: int = 0,
+              kv_exact_window_margin: int | None = None):
     tk, tv = requested_cache_type(cache_type_k), requested_cache_type(cache_type_v)
     ms = TurboModelSettings(model=model, model_alias=alias or Path(model).name, n_ctx=n_ctx, type_k=tk.ggml_id,
                             type_v=tv.ggml_id, flash_attn=True, layer_adaptive=layer_adaptive,
-                            kv_exact_window=exact_window.check(kv_exact_window), verbose=verbose,
+                            kv_exact_window=exact_window.check(kv_exact_window),
+                            kv_exact_window_margin=None if kv_exact_window_margin is None
+                            else exact_window.check_margin(kv_exact_window_margin), verbose=verbose,
                             chat_template_file=str(chat_fallback.path) if chat_fallback else None,
                             chat_end_of_turn=chat_fallback.end_of_turn if chat_fallback else None,
                             # llama-cpp-python's default keeps n_ctx x n_vocab logits: 32 GiB for Gemma 3 at 32k
@@ -104,7 +110,8 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
     @app.get("/health")
     def health() -> dict:
         return {"status": "ok", "model": ms.model_alias, "cache_type_k": tk.name, "cache_type_v": tv.name,
-                "layer_adaptive": layer_adaptive, "kv_exact_window": kv_exact_window}
+                "layer_adaptive": layer_adaptive, "kv_exact_window": kv_exact_window,
+                "kv_exact_window_margin": kv_exact_window_margin}
 
     @app.middleware("http")
     async def reject_bad_requests(request: Request, call_next):

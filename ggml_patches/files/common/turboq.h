@@ -17,10 +17,12 @@
 
 #define COMMON_TURBOQ_LAYER_ADAPTIVE_ENV "TURBO_LAYER_ADAPTIVE"
 #define COMMON_TURBOQ_EXACT_WINDOW_ENV   "LLAMA_ARG_KV_EXACT_WINDOW"
+#define COMMON_TURBOQ_WINDOW_MARGIN_ENV  "LLAMA_ARG_KV_EXACT_WINDOW_MARGIN"
 
 // libllama's (src/llama-turboq.h, src/llama-turboq-window.h): the keys, and the rows of the mode table
 extern "C" const char * llama_turboq_layer_adaptive_key(void);
 extern "C" const char * llama_turboq_exact_window_key(void);
+extern "C" const char * llama_turboq_exact_window_margin_key(void);
 extern "C" bool llama_turboq_layer_policy(int32_t i, int32_t * out);
 
 // libllama's (src/llama-turboq-window.h): whether ctx's caches hold exact rows for the window's
@@ -37,26 +39,42 @@ inline void common_turboq_set_int(std::vector<llama_model_kv_override> & overrid
     overrides.push_back(kvo);
 }
 
-// the exact window's positions (llama-turboq-window.h: --kv-exact-window) from text; throws
-// std::invalid_argument when it is not 0..4096
-inline int64_t common_turboq_parse_exact_window(const std::string & text) {
+// the exact window's positions (llama-turboq-window.h: --kv-exact-window) or its margin
+// (--kv-exact-window-margin) from text; throws std::invalid_argument when it is not 0..4096
+inline int64_t common_turboq_parse_positions(const std::string & text, const char * what) {
     char * end = nullptr;
     errno = 0;
-    const long long w = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || errno != 0 || w < 0 || w > 4096) {
-        throw std::invalid_argument("'" + text + "' is not an exact window: a number of positions, 0 (off) to 4096");
+    const long long n = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || errno != 0 || n < 0 || n > 4096) {
+        throw std::invalid_argument("'" + text + "' is not " + what + ": a number of positions, 0 to 4096");
     }
-    return w;
+    return n;
 }
 
-// LLAMA_ARG_KV_EXACT_WINDOW's window; false when it is unset; throws as above
+inline int64_t common_turboq_parse_exact_window(const std::string & text) {
+    return common_turboq_parse_positions(text, "an exact window (0: off)");
+}
+
+inline int64_t common_turboq_parse_window_margin(const std::string & text) {
+    return common_turboq_parse_positions(text, "an exact window's margin");
+}
+
+// the window (LLAMA_ARG_KV_EXACT_WINDOW) or its margin (LLAMA_ARG_KV_EXACT_WINDOW_MARGIN) from the
+// environment; false when it is unset; throws as above
 inline bool common_turboq_exact_window_from_env(int64_t & w) {
     const char * env = std::getenv(COMMON_TURBOQ_EXACT_WINDOW_ENV);
-    if (env == nullptr) {
-        return false;
+    if (env != nullptr) {
+        w = common_turboq_parse_exact_window(env);
     }
-    w = common_turboq_parse_exact_window(env);
-    return true;
+    return env != nullptr;
+}
+
+inline bool common_turboq_window_margin_from_env(int64_t & m) {
+    const char * env = std::getenv(COMMON_TURBOQ_WINDOW_MARGIN_ENV);
+    if (env != nullptr) {
+        m = common_turboq_parse_window_margin(env);
+    }
+    return env != nullptr;
 }
 
 // adds the mode to an override list that is not terminated yet (common_turboq_keep_last_layer_adaptive

@@ -25,26 +25,35 @@ const char * llama_turboq_exact_window_key(void) {
     return "turboq.exact_window";
 }
 
-void llama_turboq_load_exact_window(const llama_model_loader & ml, llama_model & model) {
-    const char * key = llama_turboq_exact_window_key();
-    int64_t w = 0;
+const char * llama_turboq_exact_window_margin_key(void) {
+    return "turboq.exact_window_margin";
+}
+
+// a number of positions, 0..4096, from kv_overrides, else the GGUF, else dflt
+static int64_t load_positions(const llama_model_loader & ml, const char * key, const char * what, int64_t dflt) {
+    int64_t n = dflt;
     const auto it = ml.kv_overrides.find(key);
     if (it != ml.kv_overrides.end()) {
         if (it->second.tag != LLAMA_KV_OVERRIDE_TYPE_INT) {
             throw std::runtime_error(std::string(key) + ": the override must be an int (a number of positions)");
         }
-        w = it->second.val_i64;
+        n = it->second.val_i64;
     } else if (const int64_t id = gguf_find_key(ml.metadata, key); id >= 0) {
         if (gguf_get_kv_type(ml.metadata, id) != GGUF_TYPE_INT32 && gguf_get_kv_type(ml.metadata, id) != GGUF_TYPE_UINT32) {
             throw std::runtime_error(std::string(key) + " in the GGUF must be a 32-bit integer (a number of positions)");
         }
-        w = gguf_get_kv_type(ml.metadata, id) == GGUF_TYPE_INT32 ? gguf_get_val_i32(ml.metadata, id) : gguf_get_val_u32(ml.metadata, id);
+        n = gguf_get_kv_type(ml.metadata, id) == GGUF_TYPE_INT32 ? gguf_get_val_i32(ml.metadata, id) : gguf_get_val_u32(ml.metadata, id);
     }
-    if (w < 0 || w > 4096) {
-        throw std::runtime_error(std::string(key) + "=" + std::to_string(w) +
-                                 ": the exact window is 0 (off) to 4096 positions");
+    if (n < 0 || n > 4096) {
+        throw std::runtime_error(std::string(key) + "=" + std::to_string(n) + ": " + what + " is 0 to 4096 positions");
     }
-    model.turboq_exact_window = (int) w;
+    return n;
+}
+
+void llama_turboq_load_exact_window(const llama_model_loader & ml, llama_model & model) {
+    model.turboq_exact_window = (int) load_positions(ml, llama_turboq_exact_window_key(), "the exact window (0: off)", 0);
+    model.turboq_exact_window_margin = (int) load_positions(ml, llama_turboq_exact_window_margin_key(),
+                                                            "the exact window's margin", llama_turboq_window::default_margin);
 }
 
 std::unique_ptr<llama_turboq_window> llama_turboq_window::make(const llama_model & model, uint32_t n_seq_max,
@@ -72,10 +81,11 @@ std::unique_ptr<llama_turboq_window> llama_turboq_window::make(const llama_model
     if (shares_cells) {
         throw std::runtime_error(key + "=" + std::to_string(w) + ": not for a cache that borrows another cache's cells");
     }
-    return std::make_unique<llama_turboq_window>((uint32_t) w, n_seq_max);
+    const int64_t m = model.turboq_exact_window_margin < 0 ? default_margin : model.turboq_exact_window_margin;
+    return std::make_unique<llama_turboq_window>((uint32_t) w, (uint32_t) m, n_seq_max);
 }
 
-llama_turboq_window::llama_turboq_window(uint32_t w, uint32_t n_seq) :
+llama_turboq_window::llama_turboq_window(uint32_t w, uint32_t margin, uint32_t n_seq) :
     w(w), cap(w + margin), n_seq(n_seq), held((size_t) n_seq*(w + margin), -1) {
 }
 
@@ -417,9 +427,10 @@ void llama_turboq_window::state_read(llama_io_read_i & io, llama_seq_id seq) {
         }
     }
     if (head[1] != w || head[2] != cap || head[3] != layers.size()) {
-        throw std::runtime_error(what + "the state's window is " + std::to_string(head[1]) + " positions over " +
-                                 std::to_string(head[3]) + " layers, this cache's " + std::to_string(w) + " over " +
-                                 std::to_string(layers.size()));
+        throw std::runtime_error(what + "the state's window is " + std::to_string(head[1]) + " positions and a margin of " +
+                                 std::to_string(head[2] - std::min(head[1], head[2])) + " over " + std::to_string(head[3]) +
+                                 " layers, this cache's " + std::to_string(w) + " and " + std::to_string(cap - w) + " over " +
+                                 std::to_string(layers.size()) + " (" + llama_turboq_exact_window_margin_key() + ")");
     }
     for (uint32_t l : layers) {
         uint64_t sizes[2];
@@ -519,6 +530,6 @@ int32_t llama_turboq_exact_window(const llama_context * ctx) {
     return llama_get_model(ctx)->turboq_exact_window;
 }
 
-uint32_t llama_turboq_exact_window_rows(uint32_t w) {
-    return w + llama_turboq_window::margin;
+uint32_t llama_turboq_exact_window_rows(uint32_t w, int32_t m) {
+    return w + (m < 0 ? llama_turboq_window::default_margin : (uint32_t) m);
 }

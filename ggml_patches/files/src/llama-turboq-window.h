@@ -4,13 +4,16 @@
 //
 // The model setting turboq.exact_window = W (common's --kv-exact-window, whose environment alias is
 // LLAMA_ARG_KV_EXACT_WINDOW; llama-cpp-python's kv_overrides) keeps, for every layer whose K or V is
-// quantized, the rows of each sequence's last cap = W + 16 positions in F16, in a ring beside the
+// quantized, the rows of each sequence's last cap = W + M positions in F16, in a ring beside the
 // cache: slot seq*cap + pos%cap, plus one slot that takes the rows no slot keeps. Every token is
 // still quantized into the cache. A query reads the last W positions of its sequence (itself
 // included) exact, from the ring or from its own ubatch, and the cache's copies of those rows are
-// hidden from it (ggml-fa-exact.h); older positions are read as stored. The 16 extra positions keep
-// a full window after the newest ones are removed again (speculative decoding's rollback;
-// llama-server drafts at most 16 tokens by default).
+// hidden from it (ggml-fa-exact.h); older positions are read as stored. The M extra positions, the
+// margin (turboq.exact_window_margin, common's --kv-exact-window-margin; default 16), keep a full
+// window after up to M of the newest positions are removed again (speculative decoding's rollback
+// of rejected drafts, at most --spec-draft-n-max of them; a prompt reused up to a few tokens before
+// its end). A rollback past the margin leaves the window short until the context is processed again
+// (llama_turboq_window_can_continue), so a margin of 0 saves the rows where nothing is rolled back.
 //
 // Each layer reads its ring before its ubatch's rows are written into it. Which slot holds which
 // position is host bookkeeping, updated when a ubatch's inputs are set (its graph is about to run),
@@ -45,13 +48,14 @@ class llama_kv_cells;
 struct llama_model;
 struct llama_ubatch;
 
-// the key ("turboq.exact_window")
+// the keys ("turboq.exact_window", "turboq.exact_window_margin")
 extern "C" const char * llama_turboq_exact_window_key(void);
+extern "C" const char * llama_turboq_exact_window_margin_key(void);
 
 struct llama_model_loader;
 
-// reads the model's window while it loads: from kv_overrides, else the GGUF, else 0; throws
-// std::runtime_error for a value that is not 0..4096
+// reads the model's window and margin while it loads: from kv_overrides, else the GGUF, else 0 and
+// 16; throws std::runtime_error for a value that is not 0..4096
 void llama_turboq_load_exact_window(const llama_model_loader & ml, llama_model & model);
 
 // whether ctx's caches hold exact rows for positions [n_past - W, n_past) of seq, so that decoding
@@ -60,20 +64,20 @@ void llama_turboq_load_exact_window(const llama_model_loader & ml, llama_model &
 extern "C" bool llama_turboq_window_can_continue(struct llama_context * ctx, llama_seq_id seq, llama_pos n_past);
 
 // the window's positions of ctx's model (0: none), and the rows kept per sequence for a window of w
-// positions (w + margin: what a cache's bytes count)
+// positions and a margin of m (w + m: what a cache's bytes count; m < 0: the default margin)
 extern "C" int32_t  llama_turboq_exact_window(const struct llama_context * ctx);
-extern "C" uint32_t llama_turboq_exact_window_rows(uint32_t w);
+extern "C" uint32_t llama_turboq_exact_window_rows(uint32_t w, int32_t m);
 
 class llama_turboq_window {
 public:
-    static constexpr uint32_t margin = 16;
+    static constexpr uint32_t default_margin = 16;
 
     // the window of a cache of model (nullptr when the model sets none); throws std::runtime_error
     // for a cache it cannot serve
     static std::unique_ptr<llama_turboq_window> make(const llama_model & model, uint32_t n_seq_max, bool v_trans,
                                                      bool shares_cells);
 
-    llama_turboq_window(uint32_t w, uint32_t n_seq);
+    llama_turboq_window(uint32_t w, uint32_t margin, uint32_t n_seq);
 
     // a layer of the cache (ikv, model layer il): rings in ctx when K or V is quantized; throws
     // when its cache is not in host memory
@@ -83,6 +87,7 @@ public:
     bool     empty()                 const;  // no layer keeps rows
     bool     has_layer(uint32_t ikv) const;
     uint32_t w_size()                const { return w; }
+    uint32_t margin_size()           const { return cap - w; }
 
     // graph: the masks ([n_kv, n_tps, 1, ns] as kq_mask, then the exact rows' [rows + n_tokens, n_tps,
     // 1, ns], as one F16 input), the ring slot of each ubatch row ([n_tokens] I64), and the order in
