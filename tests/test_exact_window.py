@@ -289,3 +289,21 @@ def test_a_state_saved_with_another_margin_is_refused(Llama, tiny128):
                                          r"and 0 over \d+ \(turboq.exact_window_margin\)"):
         b.load_state(state)
     assert b.n_tokens == n_before and bytes(b.save_state().llama_state) == before
+
+
+def test_each_engine_gives_the_model_its_margin(tiny128, capfd):
+    """--kv-exact-window-margin reaches llama-server as its argument (only when given: the model's
+    own setting stands otherwise) and the python engine as the model's kv override."""
+    from pyturbo.server import python_engine
+    from pyturbo.server.llama_server import LaunchSpec
+
+    spec = LaunchSpec("m.gguf", "turboq3", "turboq3", 0, 4096, 1, "127.0.0.1", 8080, "m", kv_exact_window=8)
+    assert "--kv-exact-window-margin" not in spec.argv()
+    spec.kv_exact_window_margin = 0
+    argv = spec.argv()
+    assert argv[argv.index("--kv-exact-window-margin") + 1] == "0"
+    settings = python_engine.TurboModelSettings(model=str(tiny128), n_ctx=256, type_k=61, type_v=61, flash_attn=True,
+                                                kv_exact_window=8, kv_exact_window_margin=0, verbose=True)
+    llm = python_engine._load_model(settings)
+    assert "read exact (F16 rows beside the cache, a margin of 0)" in capfd.readouterr().err
+    del llm
