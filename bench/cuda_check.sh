@@ -25,7 +25,9 @@
 #   BUDGET_S              total seconds (default 570): benches that would overrun are skipped
 #   BENCH_DEPTHS          default 0,8192,32768;  BENCH_REPS default 2
 #   BENCH_CONFIGS         K/V configurations, each TYPE or K/V or K/V:MODE (MODE = TURBO_LAYER_ADAPTIVE),
-#                         default "f16 q8_0 turboq3 turboq3/turboq4:3 q8_0/turboq3 turboq4 q4_0"
+#                         default "f16 q8_0 turboq3 turboq3:4 turboq3/turboq4:3 q8_0/turboq3 turboq4 q4_0"
+#                         (turboq3:4, mode 4, is the main job without its CPU-only window; on a model
+#                         without sliding-window layers it is a turboq4 K beside a turboq3 V)
 #   TURBOQ_FILTER         test-backend-ops -p regex for the turboq cases (default: turboq)
 #   JOBS                  build parallelism (default: nproc)
 set -uo pipefail
@@ -231,7 +233,7 @@ DEPTHS=${BENCH_DEPTHS:-0,8192,32768}
 REPS=${BENCH_REPS:-2}
 for m in "${MODELS[@]}"; do
     base=$(basename "$m" .gguf)
-    for cfg in ${BENCH_CONFIGS:-f16 q8_0 turboq3 turboq3/turboq4:3 q8_0/turboq3 turboq4 q4_0}; do
+    for cfg in ${BENCH_CONFIGS:-f16 q8_0 turboq3 turboq3:4 turboq3/turboq4:3 q8_0/turboq3 turboq4 q4_0}; do
         kv=${cfg%%:*}; mode=0
         [ "$kv" != "$cfg" ] && mode=${cfg#*:}
         ctk=${kv%%/*}; ctv=${kv#*/}

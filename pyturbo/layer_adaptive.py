@@ -92,16 +92,27 @@ def check_mode(mode: int) -> int:
     return mode
 
 
+def needs_gains(mode: int) -> bool:
+    """Whether the mode's layers depend on the model's K gains: a ranking mode picks the
+    n_layer // k_gain_div (at least 1) candidates of largest gain, so one with k_gain_div 1 (4)
+    picks every candidate whatever the gains."""
+    p = policies().get(mode)
+    return p is not None and p.k_gain_div > 1
+
+
 def boundary_layers(mode: int, n_layer: int, k_gains: Sequence[float] | None = None,
                     sliding: Sequence[bool] | None = None) -> list[bool]:
     """Which layers are the mode's boundary layers, by llama.cpp's own rule
     (llama_turboq_boundary_from_gains): by position, or for the modes that rank K gain (3, 4) the
     n_layer // k_gain_div (at least 1) largest of k_gains, ties to the lower layer, plus the
-    positional ones. A mode whose candidates are the layers that attend over the whole context (4)
-    also needs `sliding`, one bool per layer, True for a sliding-window layer. All False for mode 0."""
+    positional ones; k_gains may be left out where they do not change the pick (needs_gains). A
+    mode whose candidates are the layers that attend over the whole context (4) also needs
+    `sliding`, one bool per layer, True for a sliding-window layer. All False for mode 0."""
     if mode == 0:
         return [False] * n_layer
     p = policies()[check_mode(mode)]
+    if p.k_gain_div and k_gains is None and not needs_gains(mode):
+        k_gains = [0.0] * n_layer  # every candidate is picked: any gains give the same layers
     if p.k_gain_div and (k_gains is None or len(k_gains) != n_layer):
         raise ValueError(f"layer-adaptive mode {mode} ranks layers by K gain: pass k_gains, one per layer "
                          f"({n_layer}), e.g. pyturbo.hf.k_gains_from_gguf(model.gguf)")

@@ -307,3 +307,15 @@ def test_each_engine_gives_the_model_its_margin(tiny128, capfd):
     llm = python_engine._load_model(settings)
     assert "read exact (F16 rows beside the cache, a margin of 0)" in capfd.readouterr().err
     del llm
+
+
+def test_llama_bench_reads_the_window_and_margin_aliases(tiny128):
+    """llama-bench has no --kv-exact-window; it reads the two aliases, checked like the arguments."""
+    from pyturbo import exact_window
+
+    args = ("-m", str(tiny128), "-fa", "1", "-p", "16", "-n", "2", "-r", "1", "-ctk", "turboq3", "-ctv", "turboq3",
+            "-t", "2", "-o", "csv", "-v")
+    r = run_tool("llama-bench", *args, env={exact_window.ENV: "8", exact_window.MARGIN_ENV: "0"})
+    assert "the last 8 positions of each sequence read exact (F16 rows beside the cache, a margin of 0)" in r.stderr + r.stdout
+    r = run_tool("llama-bench", *args, env={exact_window.ENV: "8", exact_window.MARGIN_ENV: "-3"}, check=False)
+    assert r.returncode == 1 and "LLAMA_ARG_KV_EXACT_WINDOW_MARGIN: '-3' is not an exact window's margin" in r.stderr

@@ -208,8 +208,11 @@ def test_layer_adaptive_types_are_libllama_table(mode):
             assert picked == {5, 11, 17}
             with pytest.raises(ValueError, match="sliding"):
                 layer_cache_types(n_layer, "turboq3", "turboq4", mode, gains)
-        with pytest.raises(ValueError, match="k_gains"):
-            layer_cache_types(n_layer, "turboq3", "turboq4", mode)
+        if layer_adaptive.needs_gains(mode):
+            with pytest.raises(ValueError, match="k_gains"):
+                layer_cache_types(n_layer, "turboq3", "turboq4", mode, sliding=sliding)
+        else:  # every candidate is picked: the gains change nothing, and none are needed
+            assert layer_cache_types(n_layer, "turboq3", "turboq4", mode, sliding=sliding) == got
     else:
         ends = [il < p.n_first or il + p.n_last >= n_layer for il in range(n_layer)]
         assert layer_cache_types(n_layer, "turboq3", "turboq4", mode) == [p.types(b, "turboq3", "turboq4") for b in ends]
@@ -222,7 +225,7 @@ def test_layer_adaptive_3_on_gemma_picks_llama_cpp_layers(gemma_lm):
     cache = TurboQuantCache(gemma_lm.model.config, "turboq3", "turboq4", 3, gains)
     assert [il for il, (tk, _) in enumerate(cache.layer_types_kv) if tk == "q8_0"] == [5, 11]
     assert all(tv == "turboq4" for _, tv in cache.layer_types_kv)
-    cache = TurboQuantCache(gemma_lm.model.config, "turboq3", "turboq3", 4, gains)
+    cache = TurboQuantCache(gemma_lm.model.config, "turboq3", "turboq3", 4)  # mode 4 needs no gains
     assert [il for il, (tk, _) in enumerate(cache.layer_types_kv) if tk == "turboq4"] == [5, 11, 17]
     assert all(tv == "turboq3" for _, tv in cache.layer_types_kv)
 

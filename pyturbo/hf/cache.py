@@ -250,10 +250,10 @@ def layer_cache_types(n_layer: int, type_k: str, type_v: str, layer_adaptive: in
                       sliding: Sequence[bool] | None = None) -> list[tuple[str, str]]:
     """(K type, V type) of every layer under a layer-adaptive mode, from libllama's table.
 
-    The modes that rank layers by K gain (3, 4) need k_gains (k_gains_from_gguf); they pick the
-    n_layer // k_gain_div (at least 1) largest, ties to the lower layer, as llama.cpp does. Mode 4
-    ranks only the layers that attend over the whole context, so it needs `sliding` too (True for
-    a sliding-window layer; TurboQuantCache passes the model config's).
+    The modes that rank layers by K gain (3, 4) pick the n_layer // k_gain_div (at least 1) largest
+    of k_gains (k_gains_from_gguf), ties to the lower layer, as llama.cpp does; mode 4 ranks only
+    the layers that attend over the whole context and picks all of them, so it needs `sliding`
+    (True for a sliding-window layer; TurboQuantCache passes the model config's) and no k_gains.
     """
     tk, tv = (tc.check_type(requested_cache_type(t)).name for t in (type_k, type_v))
     return la.layer_cache_types(layer_adaptive, n_layer, tk, tv, k_gains, sliding)
@@ -263,7 +263,7 @@ class TurboQuantCache(DynamicCache):
     """A DynamicCache whose layers store K and V as llama.cpp cache rows of the chosen types.
 
     cache_type_k / cache_type_v: turboq2/3/4/8, q8_0, f16, bf16 or f32 (any case).
-    layer_adaptive: a layer-adaptive mode (pyturbo.layer_adaptive); modes 3 and 4 need k_gains.
+    layer_adaptive: a layer-adaptive mode (pyturbo.layer_adaptive); mode 3 needs k_gains.
     k_center: K centering of turboq K layers, as llama.cpp does by default (TURBOQ_K_CENTER).
     exact_decode: decode reads with the C's butterflies bit for bit instead of the faster matmul.
     """
