@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import exact_window
-from .layer_adaptive import boundary_layers, policies, stored_type
+from .layer_adaptive import boundary_layers, needs_gains, policies, stored_type
 
 KV_PAD = 256
 # architectures whose sliding-window layers follow a fixed pattern: every n-th layer is global
@@ -95,13 +95,9 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     cells = [cells_swa if g.is_swa(il) else cells_full for il in range(g.n_layer)]
     policy = policies().get(layer_adaptive) if layer_adaptive else None
     sliding = [g.is_swa(il) for il in range(g.n_layer)]
-    ranked = policy is not None and policy.k_gain_div != 0
-    if ranked:
-        # a mode that takes every candidate (4: the layers without a sliding window) picks the same
-        # layers whatever the gains; only one that picks among them needs the model's K weights
-        by_gain = (boundary_layers(layer_adaptive, g.n_layer, list(range(1, g.n_layer + 1)), sliding) !=
-                   boundary_layers(layer_adaptive, g.n_layer, list(range(g.n_layer, 0, -1)), sliding))
-        ranked = by_gain
+    # a mode that takes every candidate (4: the layers without a sliding window) picks the same
+    # layers whatever the gains; only one that picks among them needs the model's K weights
+    ranked = needs_gains(layer_adaptive)
     if ranked and not upper_bound:
         raise ValueError(f"layer-adaptive mode {layer_adaptive} picks its layers from the model's K weights; "
                          "pass upper_bound=True for a bound")
