@@ -1,5 +1,5 @@
 """Helpers shared by the test modules (which never import each other): starting and stopping
-servers, KL of logit rows, codec input groups, attention masks."""
+servers, KL of logit rows, codec input groups, attention masks, refused saved states."""
 from __future__ import annotations
 
 import shlex
@@ -156,3 +156,17 @@ def k_records(state: bytes) -> list[tuple[int, np.ndarray]]:
         out.append((i, np.frombuffer(bytes(state[i + 8:i + 8 + 4 * n]), np.float32)))
         i = state.find(K_RECORD, i + 8 + 4 * n)
     return out
+
+
+def assert_state_refused(llm, state, match: str) -> str:
+    """llm.load_state(state) raises pyturbo.llama.StateError with a message that `match` (a regex)
+    finds, and llm keeps what it held: its tokens and its state's bytes. Returns the message."""
+    import pytest
+
+    from pyturbo.llama import StateError
+
+    before, n_before = bytes(llm.save_state().llama_state), llm.n_tokens
+    with pytest.raises(StateError, match=match) as e:
+        llm.load_state(state)
+    assert llm.n_tokens == n_before and bytes(llm.save_state().llama_state) == before
+    return str(e.value)

@@ -7,7 +7,7 @@ import pytest
 
 from pyturbo import data
 from pyturbo.tools import llama_perplexity as perplexity, run_tool
-from helpers import free_port, post, server_cmd, start, stop, wait_healthy
+from helpers import assert_state_refused, free_port, post, server_cmd, start, stop, wait_healthy
 
 
 def window(w: int) -> tuple[str, ...]:
@@ -273,8 +273,6 @@ def test_the_server_keeps_a_margin_that_drafts_fit(build_info):
 def test_a_state_saved_with_another_margin_is_refused(Llama, tiny128):
     """The ring's slots depend on the margin, so a state saved with another one is refused, naming
     the margin, and the context keeps what it held."""
-    from pyturbo.llama import StateError
-
     def make(margin):
         return Llama(str(tiny128), cache_type_k="turboq3", cache_type_v="turboq2", kv_exact_window=8, n_ctx=256,
                      kv_exact_window_margin=margin, flash_attn=True, verbose=False)
@@ -284,11 +282,8 @@ def test_a_state_saved_with_another_margin_is_refused(Llama, tiny128):
     state = a.save_state()
     b = make(0)
     b.eval(b.tokenize(b"Another text, another cache."))
-    before, n_before = bytes(b.save_state().llama_state), b.n_tokens
-    with pytest.raises(StateError, match=r"window is 8 positions and a margin of 16 over \d+ layers, this cache's 8 "
-                                         r"and 0 over \d+ \(turboq.exact_window_margin\)"):
-        b.load_state(state)
-    assert b.n_tokens == n_before and bytes(b.save_state().llama_state) == before
+    assert_state_refused(b, state, r"window is 8 positions and a margin of 16 over \d+ layers, this cache's 8 "
+                                   r"and 0 over \d+ \(turboq.exact_window_margin\)")
 
 
 def test_each_engine_gives_the_model_its_margin(tiny128, capfd):
