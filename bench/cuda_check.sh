@@ -24,10 +24,12 @@
 #   OUT                   results folder (default: $PYTURBO_CUDA_BENCH_BUILD_DIR/out)
 #   BUDGET_S              total seconds (default 570): benches that would overrun are skipped
 #   BENCH_DEPTHS          default 0,8192,32768;  BENCH_REPS default 2
-#   BENCH_CONFIGS         K/V configurations, each TYPE or K/V or K/V:MODE (MODE = TURBO_LAYER_ADAPTIVE),
-#                         default "f16 q8_0 turboq3 turboq3:4 turboq3/turboq4:3 q8_0/turboq3 turboq4 q4_0"
-#                         (turboq3:4, mode 4, is the main job without its CPU-only window; on a model
-#                         without sliding-window layers it is a turboq4 K beside a turboq3 V)
+#   BENCH_CONFIGS         K/V configurations, each TYPE or K/V, then :MODE (TURBO_LAYER_ADAPTIVE) and/or
+#                         :wW (an exact window of W, LLAMA_ARG_KV_EXACT_WINDOW, read after an F16 copy
+#                         of the cache on a GPU), default "f16 turboq3 turboq3:4:w32 turboq3:4 q4_0 q8_0
+#                         turboq3:w32 turboq3/turboq4:3 q8_0/turboq3 turboq4" (turboq3:4:w32 is the
+#                         main job; on a model without sliding-window layers mode 4 is a turboq4 K
+#                         beside a turboq3 V); the budget may skip the last ones
 #   TURBOQ_FILTER         test-backend-ops -p regex for the turboq cases (default: turboq)
 #   JOBS                  build parallelism (default: nproc)
 set -uo pipefail
@@ -233,17 +235,20 @@ DEPTHS=${BENCH_DEPTHS:-0,8192,32768}
 REPS=${BENCH_REPS:-2}
 for m in "${MODELS[@]}"; do
     base=$(basename "$m" .gguf)
-    for cfg in ${BENCH_CONFIGS:-f16 q8_0 turboq3 turboq3:4 turboq3/turboq4:3 q8_0/turboq3 turboq4 q4_0}; do
-        kv=${cfg%%:*}; mode=0
-        [ "$kv" != "$cfg" ] && mode=${cfg#*:}
+    for cfg in ${BENCH_CONFIGS:-f16 turboq3 turboq3:4:w32 turboq3:4 q4_0 q8_0 turboq3:w32 turboq3/turboq4:3 q8_0/turboq3 turboq4}; do
+        IFS=: read -r kv rest <<< "$cfg"
+        mode=0; win=0
+        for f in ${rest//:/ }; do
+            case $f in w*) win=${f#w} ;; *) mode=$f ;; esac
+        done
         ctk=${kv%%/*}; ctv=${kv#*/}
         budget=$(left)
         if [ "$budget" -lt 20 ]; then
             say "SKIP llama-bench $base $cfg: time budget spent ($(elapsed) s)"
             continue
         fi
-        log="$OUT/bench-$base-${ctk}-${ctv}-m${mode}"
-        TURBO_LAYER_ADAPTIVE=$mode timeout "$budget" "$BIN/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 64 -d "$DEPTHS" -r "$REPS" \
+        log="$OUT/bench-$base-${ctk}-${ctv}-m${mode}-w${win}"
+        LLAMA_ARG_KV_EXACT_WINDOW=$win TURBO_LAYER_ADAPTIVE=$mode timeout "$budget" "$BIN/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 64 -d "$DEPTHS" -r "$REPS" \
             -ctk "$ctk" -ctv "$ctv" -o jsonl > "$log.jsonl" 2> "$log.log"
         rc=$?
         if [ "$rc" = 0 ]; then

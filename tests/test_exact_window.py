@@ -55,6 +55,40 @@ def test_a_window_over_the_whole_chunk_is_the_f16_cache(tiny128, short_text, tmp
     assert got.kld is not None and abs(got.kld) < 1e-6 and got.same_top == 100.0
 
 
+COPY = {"TURBOQ_WINDOW_COPY": "1"}  # the debug switch: the CPU reads the window as a GPU's cache does
+
+
+@pytest.mark.parametrize("ubatch", ["7", "64"])
+def test_through_the_copy_a_window_over_the_whole_chunk_is_the_f16_cache(tiny128, short_text, tmp_path, ubatch):
+    """A cache on a device reads its window after an F16 copy of its rows, padded to 256 rows with
+    hidden zeros. With W = ctx every row a query reads is exact, so the attention is the f16
+    cache's over the same rows in another order: at the same ubatch size the same perplexity to 6
+    digits and a KLD of 0 but for summation order (measured: mean below 5e-7, p99.9 9e-6). A ring
+    row lost, the padding shown, or a stored copy left visible moves them by far more."""
+    base = tmp_path / "f16.kld"
+    ref = perplexity(tiny128, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True,
+                     extra=("-ub", ubatch))
+    got = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, kld_base=base,
+                     env={**COPY, "TURBOQ_K_CENTER": "0"}, extra=(*window(256), "-ub", ubatch))
+    assert "read exact (F16 rows after an F16 copy of the cache, a margin of 16)" in got.log
+    assert got.ppl == pytest.approx(ref.ppl, rel=1e-6)
+    assert got.kld is not None and abs(got.kld) < 1e-6 and got.kld_p999 < 1e-4 and got.same_top == 100.0
+
+
+def test_the_copy_reads_what_the_rows_beside_read(tiny128, short_text, tmp_path):
+    """The same window of 16 in ubatches of 64 (so rows come from the ring too), read beside the
+    cache and through the copy: the same logits but for F16 rounding of the cache's rows (measured:
+    KLD below 5e-7, p99.9 8e-6), where dropping the window costs 5.9e-4."""
+    base = tmp_path / "beside.kld"
+    run = dict(ctx=256, chunks=3, kld_base=base)
+    perplexity(tiny128, short_text, "turboq3", "turboq2", write_base=True, extra=(*window(16), "-ub", "64"), **run)
+    copy = perplexity(tiny128, short_text, "turboq3", "turboq2", env=COPY, extra=(*window(16), "-ub", "64"), **run)
+    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", extra=("-ub", "64"), **run)
+    assert copy.kld is not None and copy.kld_p999 is not None and plain.kld is not None
+    assert copy.kld_p999 < 1e-4 and copy.kld < 1e-5
+    assert plain.kld > 50 * max(copy.kld, 1e-6)
+
+
 def test_the_window_needs_flash_attention_and_says_so(tiny128, short_text):
     r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "256", "-ctk", "q8_0", "-fa", "off",
                  *window(16), check=False)

@@ -262,7 +262,8 @@ def test_zero_weight_header_has_the_8b_shapes(tmp_path):
 
 def test_ratio_table_from_llama_bench_jsonl(tmp_path):
     script = ROOT / "pyturbo" / "bench" / "ratio_table.py"
-    rows = {"f16-f16-m0": (100.0, 50.0), "turboq3-turboq4-m3": (95.0, 60.0)}
+    rows = {"f16-f16-m0": (100.0, 50.0), "turboq3-turboq4-m3": (95.0, 60.0), "turboq3-turboq3-m4-w32": (90.0, 40.0),
+            "turboq3-turboq3-m0-w0": (80.0, 45.0)}
     for name, (pp, tg) in rows.items():
         (tmp_path / f"bench-llama-8b-shape-{name}.jsonl").write_text(
             json.dumps({"n_prompt": 512, "n_gen": 0, "n_depth": 8192, "avg_ts": pp}) + "\n" +
@@ -270,6 +271,9 @@ def test_ratio_table_from_llama_bench_jsonl(tmp_path):
     out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, check=True).stdout
     assert "| K/V | pp512 @ d8192 | tg64 @ d8192 |" in out
     assert "| turboq3/turboq4 mode 3 | 95.0 (0.95x) | 60.0 (1.20x) |" in out
+    # bench/cuda_check.sh names a window's files -w<W>
+    assert "| turboq3/turboq3 mode 4 window 32 | 90.0 (0.90x) | 40.0 (0.80x) |" in out
+    assert "| turboq3/turboq3 | 80.0 (0.80x) | 45.0 (0.90x) |" in out
     one = subprocess.run([sys.executable, str(script), "--one", str(tmp_path / "bench-llama-8b-shape-f16-f16-m0.jsonl")],
                          capture_output=True, text=True, check=True).stdout
     assert one.strip() == "pp512 @ d8192: 100.0  tg64 @ d8192: 50.0"

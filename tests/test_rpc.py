@@ -106,6 +106,28 @@ def test_rpc_matches_local_cpu(rpc_endpoints, model, type_k, type_v, tmp_path):
           f"KLD {remote.kld:.2e}, KV on {sorted({ep for _, ep, _ in bufs})}")
 
 
+def test_an_exact_window_on_rpc_matches_local_cpu(rpc_endpoints, tmp_path):
+    """A window of 16 with the cache spread over both servers, in ubatches of 64 (rows come from the
+    rings there too): each layer reads it after an F16 copy of its cache on the server, and the
+    logits are those of the local run, which reads the rows beside the cache (F16 rounding of the
+    cache's rows apart), and not those of the remote run without the window."""
+    path, text = data.tiny_model(head_dim=128, n_layer=4), data.corpus_slice(12000)
+    base = tmp_path / "local.kld"
+    run = dict(ctx=256, chunks=3, kld_base=base)
+    win = ("--kv-exact-window", "16", "-ub", "64")
+    rpc = ("--rpc", ",".join(rpc_endpoints), "-ngl", "99", "-ts", "1,1")
+    local = perplexity(path, text, "turboq3", "turboq2", write_base=True, extra=(*win, "--no-repack"), **run)
+    remote = perplexity(path, text, "turboq3", "turboq2", extra=(*win, *rpc), **run)
+    plain = perplexity(path, text, "turboq3", "turboq2", extra=("-ub", "64", *rpc), **run)
+    assert {ep for _, ep, _ in kv_buffers(remote.log)} == set(rpc_endpoints), remote.log[-3000:]
+    assert "F16 rows after an F16 copy of the cache" in remote.log and "F16 rows beside the cache" in local.log
+    assert abs(remote.ppl / local.ppl - 1) < REL_PPL_TOL
+    assert remote.kld is not None and plain.kld is not None
+    print(f"\nwindow 16 on RPC: PPL local {local.ppl:.4f} RPC {remote.ppl:.4f} (KLD {remote.kld:.2g}), no window {plain.ppl:.4f} "
+          f"(KLD {plain.kld:.2g})")
+    assert remote.kld < 1e-5 and plain.kld > 20 * max(remote.kld, 1e-6), (remote.kld, plain.kld)
+
+
 def test_rpc_server_refuses_a_bad_flag(build_info):
     r = subprocess.run([str(binary("ggml-rpc-server")), "--threads", "0"], capture_output=True, text=True,
                        env=tool_env(), timeout=30, stdin=subprocess.DEVNULL)

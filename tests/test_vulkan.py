@@ -230,6 +230,30 @@ def test_mla_cache_and_attention_on_vulkan_give_the_cpu_cache_logits(vk_bin, tmp
     assert vk.kld is not None and vk.kld < KLD_TOL
 
 
+def test_the_exact_window_on_vulkan_gives_the_cpu_cache_logits(vk_bin, tmp_path, monkeypatch):
+    """A window of 16 with the cache on Vulkan0, in ubatches of 64 (so each layer reads the ring that
+    lives there too): each layer reads its window after an F16 copy of the cache's rows, and the
+    logits are those of the same build with the cache kept on the CPU, which reads the rows beside
+    (measured: KLD 3e-6 at one ubatch per chunk); without the window they are not (5.9e-4)."""
+    monkeypatch.setenv("PYTURBO_BUILD_DIR", str(VK_BUILD))
+    for k, v in vk_env().items():
+        monkeypatch.setenv(k, v)
+    model, text = data.tiny_model(head_dim=128), data.corpus_slice(12000)
+    run = dict(ctx=256, chunks=3, threads=2)
+    win = ("--kv-exact-window", "16", "-ngl", "99", "-ub", "64")
+    base = tmp_path / "cpu-cache.kld"
+    cpu = perplexity(model, text, "turboq3", "turboq2", kld_base=base, write_base=True, extra=(*win, "--no-kv-offload"), **run)
+    vk = perplexity(model, text, "turboq3", "turboq2", kld_base=base, extra=win, **run)
+    plain = perplexity(model, text, "turboq3", "turboq2", kld_base=base, extra=("-ngl", "99", "-ub", "64"), **run)
+    assert "Vulkan0 KV buffer size" in vk.log and "Vulkan0 KV buffer size" not in cpu.log, vk.log[-3000:]
+    assert "F16 rows after an F16 copy of the cache" in vk.log and "F16 rows beside the cache" in cpu.log
+    print(f"\nwindow 16: PPL cache on CPU {cpu.ppl:.4f} | on Vulkan0 {vk.ppl:.4f} (KLD {vk.kld:.3g}) | no window {plain.ppl:.4f} "
+          f"(KLD {plain.kld:.3g})")
+    assert abs(vk.ppl / cpu.ppl - 1) < PPL_REL_TOL
+    assert vk.kld is not None and vk.kld < KLD_TOL
+    assert plain.kld is not None and plain.kld > 4 * vk.kld
+
+
 @pytest.mark.parametrize("mode", [3, 7])
 def test_layer_adaptive_modes_at_head_size_80_on_vulkan(vk_bin, tmp_path, monkeypatch, mode):
     """A mode's q8_0 at head size 80 is turboq8_g16 (test_head_sizes.py), so a layer mixes it with

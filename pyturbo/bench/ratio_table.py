@@ -5,8 +5,8 @@ bare GPU machine runs it as a script:
     python3 pyturbo/bench/ratio_table.py DIR            # every bench-*.jsonl under DIR, markdown
     python3 pyturbo/bench/ratio_table.py --one FILE     # one line: test t/s ...
 
-A file name bench-<model>-<K>-<V>-m<MODE>.jsonl carries the layer mode (llama-bench does not
-record the environment).
+A file name bench-<model>-<K>-<V>-m<MODE>[-w<W>].jsonl carries the layer mode and the exact window
+(llama-bench does not record the environment).
 """
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ def one(path: Path) -> str:
 def table(out_dir: Path) -> str:
     models: dict[str, dict[str, dict[str, float]]] = {}
     for path in sorted(out_dir.glob("bench-*.jsonl")):
-        m = re.match(r"bench-(.+)-([^-]+)-([^-]+)-m(\d+)$", path.stem)
+        m = re.match(r"bench-(.+)-([^-]+)-([^-]+)-m(\d+)(?:-w(\d+))?$", path.stem)
         if not m:
             continue
-        model, k, v, mode = m.groups()
-        cfg = f"{k}/{v}" + (f" mode {mode}" if mode != "0" else "")
+        model, k, v, mode, win = m.groups()
+        cfg = f"{k}/{v}" + (f" mode {mode}" if mode != "0" else "") + (f" window {win}" if win not in (None, "0") else "")
         for r in _rows(path):
             models.setdefault(model, {}).setdefault(cfg, {})[_test(r)] = float(r["avg_ts"])
     out = []

@@ -155,6 +155,30 @@ llama_turboq_exact_rows llama_turboq_tail_rows_new(ggml_context * ctx, ggml_tens
     return r;
 }
 
+static ggml_tensor * append_rows(ggml_context * ctx, ggml_tensor * cache, ggml_tensor * exact) {
+    GGML_ASSERT(exact->type == GGML_TYPE_F16 && exact->ne[0] == cache->ne[0] && exact->ne[1] == cache->ne[1]);
+    ggml_tensor * res = nullptr;
+    for (int64_t s = 0; s < cache->ne[3]; ++s) {
+        ggml_tensor * one = ggml_view_3d(ctx, cache, cache->ne[0], cache->ne[1], cache->ne[2], cache->nb[1], cache->nb[2],
+                                         s*cache->nb[3]);
+        one = ggml_concat(ctx, ggml_cast(ctx, one, GGML_TYPE_F16), exact, 2);
+        res = res ? ggml_concat(ctx, res, one, 3) : one;
+    }
+    return res;
+}
+
+void llama_turboq_exact_append(ggml_context * ctx, llama_turboq_exact_rows & rows, ggml_tensor *& k, ggml_tensor *& v) {
+    if (!rows.append) {
+        return;
+    }
+    GGML_ASSERT(rows.k && rows.v && rows.cache_mask && k && v);
+    k = append_rows(ctx, k, rows.k);
+    v = append_rows(ctx, v, rows.v);
+    GGML_ASSERT(rows.cache_mask->ne[0] == k->ne[2] && k->ne[2] == v->ne[2]);
+    rows.k = rows.v = nullptr;
+    rows.append = false;
+}
+
 void llama_turboq_tail_attach(ggml_tensor * fa, const llama_turboq_exact_rows * rows) {
     if (rows && rows->k) {
         ggml_flash_attn_ext_set_exact(fa, rows->k, rows->v, rows->mask);

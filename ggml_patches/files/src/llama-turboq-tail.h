@@ -61,11 +61,20 @@ struct llama_turboq_exact_rows {
     ggml_tensor * v          = nullptr;
     ggml_tensor * mask       = nullptr;
     ggml_tensor * cache_mask = nullptr;
+    // the window read through a copy (llama-turboq-window.h): k and v are F16 rows to append to the
+    // cache's, [n_embd_head, n_head_kv, rows] as the cache's views come, cache_mask spans both, and
+    // mask is null
+    bool append = false;
 };
 
 // k_stored [n_embd_head*n_head_kv, n_tokens] (turboq_stored_k), v_cur [n_embd_head, n_head_kv, n_tokens]
 llama_turboq_exact_rows llama_turboq_tail_rows_new(ggml_context * ctx, ggml_tensor * tail_mask,
                                                   ggml_tensor * k_stored, ggml_tensor * v_cur);
+
+// rows to append (rows.append): k and v, the cache's views [n_embd_head, n_head_kv, n_kv, n_stream],
+// become each stream's rows converted to F16 followed by the exact ones, which rows then no longer
+// holds; nothing otherwise
+void llama_turboq_exact_append(ggml_context * ctx, llama_turboq_exact_rows & rows, ggml_tensor *& k, ggml_tensor *& v);
 
 // gives a flash-attention node, as build_attn_mha makes it, the exact rows; nothing when rows is
 // null (llm_graph_context::turboq_exact)

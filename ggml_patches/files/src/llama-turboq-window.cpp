@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -85,8 +86,18 @@ std::unique_ptr<llama_turboq_window> llama_turboq_window::make(const llama_model
     return std::make_unique<llama_turboq_window>((uint32_t) w, (uint32_t) m, n_seq_max);
 }
 
+static bool copy_forced() {
+    const char * env = std::getenv("TURBOQ_WINDOW_COPY");  // debug: the copy on the CPU too
+    return env && std::strcmp(env, "0") != 0;
+}
+
 llama_turboq_window::llama_turboq_window(uint32_t w, uint32_t margin, uint32_t n_seq) :
-    w(w), cap(w + margin), n_seq(n_seq), held((size_t) n_seq*(w + margin), -1) {
+    w(w), cap(w + margin), n_seq(n_seq), copy(copy_forced()), held((size_t) n_seq*(w + margin), -1) {
+}
+
+int64_t llama_turboq_window::exact_cols(int64_t n_kv, int64_t n_tokens) const {
+    const int64_t n_exact = rows() + n_tokens;
+    return copy ? GGML_PAD(n_kv + n_exact, 256) - n_kv : n_exact;
 }
 
 void llama_turboq_window::add_layer(ggml_context * ctx, uint32_t ikv, int32_t il, ggml_type type_k, ggml_type type_v,
@@ -99,11 +110,10 @@ void llama_turboq_window::add_layer(ggml_context * ctx, uint32_t ikv, int32_t il
     if (!ggml_is_quantized(type_k) && !ggml_is_quantized(type_v)) {
         return;  // the layer's cache is exact already
     }
-    if (!ggml_backend_buft_is_host(buft)) {
-        throw std::runtime_error(std::string(llama_turboq_exact_window_key()) + "=" + std::to_string(w) + ": layer " +
-                                 std::to_string(il) + "'s KV cache is on " + ggml_backend_buft_name(buft) +
-                                 ", and the exact window is read on the CPU only: keep the KV cache in host memory "
-                                 "(--no-kv-offload) or leave the window off");
+    if (!ggml_backend_buft_is_host(buft) && !copy) {
+        copy = true;
+        LLAMA_LOG_INFO("%s: %s=%u: layer %d's KV cache is on %s, so each layer reads its window after an F16 copy "
+                       "of its cache's rows\n", __func__, llama_turboq_exact_window_key(), w, il, ggml_backend_buft_name(buft));
     }
     k[ikv] = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_embd_k_gqa, rows());
     v[ikv] = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_embd_v_gqa, rows());
@@ -131,8 +141,7 @@ ggml_tensor * llama_turboq_window::new_mask(ggml_context * ctx, const ggml_tenso
         return nullptr;
     }
     const int64_t n_kv = kq_mask->ne[0], n_tps = kq_mask->ne[1], ns = kq_mask->ne[3];
-    const int64_t n_exact = rows() + n_tps*ns;
-    ggml_tensor * res = ggml_new_tensor_1d(ctx, GGML_TYPE_F16, (n_kv + n_exact)*n_tps*ns);
+    ggml_tensor * res = ggml_new_tensor_1d(ctx, GGML_TYPE_F16, (n_kv + exact_cols(n_kv, n_tps*ns))*n_tps*ns);
     ggml_set_input(res);
     ggml_set_name(res, "attn_inp_kq_mask_turboq_window");
     return res;
@@ -160,8 +169,9 @@ llama_turboq_exact_rows llama_turboq_window::layer_rows(ggml_context * ctx, uint
     const int64_t n_tokens = n_tps*ns;
     const int64_t n_exact  = rows() + n_tokens;
     const int64_t n_head   = v_cur->ne[1];
+    const int64_t n_cols   = exact_cols(n_kv, n_tokens);
     const size_t  es       = ggml_element_size(mask);
-    GGML_ASSERT(k_stored->ne[1] == n_tokens && ggml_nelements(mask) == (n_kv + n_exact)*n_tokens);
+    GGML_ASSERT(k_stored->ne[1] == n_tokens && ggml_nelements(mask) == (n_kv + n_cols)*n_tokens);
 
     // the ring's rows in position order (order), so that a window reads its rows in the same order
     // whether they come from the ring or from the ubatch, and gives the same bits either way; as F32
@@ -170,11 +180,24 @@ llama_turboq_exact_rows llama_turboq_window::layer_rows(ggml_context * ctx, uint
     const auto cont = [&](ggml_tensor * t) { return ggml_is_contiguous(t) ? t : ggml_cont(ctx, t); };
     ggml_tensor * rk = ggml_reshape_3d(ctx, ggml_get_rows(ctx, k[ikv], order), n_embd_head_k, n_head, rows());
     ggml_tensor * ck = ggml_reshape_3d(ctx, cont(k_stored), n_embd_head_k, n_head, n_tokens);
-    r.k = ggml_permute(ctx, ggml_concat(ctx, rk, ck, 2), 0, 2, 1, 3);
+    ggml_tensor * ek = ggml_concat(ctx, rk, ck, 2);
 
     const int64_t n_embd_head_v = v_cur->ne[0];
     ggml_tensor * rv = ggml_reshape_3d(ctx, ggml_get_rows(ctx, v[ikv], order), n_embd_head_v, n_head, rows());
-    r.v = ggml_permute(ctx, ggml_concat(ctx, rv, cont(v_cur), 2), 0, 2, 1, 3);
+    ggml_tensor * ev = ggml_concat(ctx, rv, cont(v_cur), 2);
+
+    if (copy) {
+        // rounded to F16 as the ring holds them, the same rounding as the rows beside take
+        const int pad = (int) (n_cols - n_exact);
+        r.k = ggml_cast(ctx, pad ? ggml_pad(ctx, ek, 0, 0, pad, 0) : ek, GGML_TYPE_F16);
+        r.v = ggml_cast(ctx, pad ? ggml_pad(ctx, ev, 0, 0, pad, 0) : ev, GGML_TYPE_F16);
+        r.cache_mask = ggml_view_4d(ctx, mask, n_kv + n_cols, n_tps, 1, ns, (n_kv + n_cols)*es, (n_kv + n_cols)*n_tps*es,
+                                    (n_kv + n_cols)*n_tps*es, 0);
+        r.append = true;
+        return r;
+    }
+    r.k = ggml_permute(ctx, ek, 0, 2, 1, 3);
+    r.v = ggml_permute(ctx, ev, 0, 2, 1, 3);
 
     r.cache_mask = ggml_view_4d(ctx, mask, n_kv, n_tps, 1, ns, n_kv*es, n_kv*n_tps*es, n_kv*n_tps*es, 0);
     r.mask       = ggml_view_4d(ctx, mask, n_exact, n_tps, 1, ns, n_exact*es, n_exact*n_tps*es, n_exact*n_tps*es,
@@ -205,14 +228,19 @@ void llama_turboq_window::set_input(ggml_tensor * mask, ggml_tensor * idxs, ggml
 
     const int64_t n_kv = kq_mask_desc->ne[0], n_tps = kq_mask_desc->ne[1], ns = kq_mask_desc->ne[3];
     const int64_t n_tokens = ubatch->n_tokens;
-    const int64_t n_exact  = rows() + n_tokens;
-    GGML_ASSERT(n_tps*ns == n_tokens && ggml_nelements(mask) == (n_kv + n_exact)*n_tokens && idxs->ne[0] == n_tokens);
+    const int64_t n_cols   = exact_cols(n_kv, n_tokens);
+    GGML_ASSERT(n_tps*ns == n_tokens && ggml_nelements(mask) == (n_kv + n_cols)*n_tokens && idxs->ne[0] == n_tokens);
 
+    // a query's row of the cache's mask and of the exact rows' (one row spanning both through the copy)
     ggml_fp16_t * cache_mask = (ggml_fp16_t *) mask->data;
-    ggml_fp16_t * exact_mask = cache_mask + n_kv*n_tokens;
+    ggml_fp16_t * exact_mask = copy ? cache_mask + n_kv : cache_mask + n_kv*n_tokens;
+    const int64_t cache_step = copy ? n_kv + n_cols : n_kv;
+    const int64_t exact_step = copy ? n_kv + n_cols : n_cols;
     const ggml_fp16_t drop = ggml_fp32_to_fp16(-INFINITY);
-    std::memcpy(cache_mask, kq, n_kv*n_tokens*sizeof(ggml_fp16_t));
-    std::fill(exact_mask, exact_mask + n_exact*n_tokens, drop);
+    std::fill(cache_mask, cache_mask + (n_kv + n_cols)*n_tokens, drop);
+    for (int64_t i = 0; i < n_tokens; ++i) {
+        std::memcpy(cache_mask + i*cache_step, kq + i*n_kv, n_kv*sizeof(ggml_fp16_t));
+    }
 
     // the ring's slots as the graph reads them: the held ones by sequence and position, then the rest
     std::vector<uint32_t> slots(rows());
@@ -245,8 +273,8 @@ void llama_turboq_window::set_input(ggml_tensor * mask, ggml_tensor * idxs, ggml
         const llama_seq_id seq = ubatch->seq_id[i][0];
         const llama_pos    p   = ubatch->pos[i];
         const auto & cells = v_cells.at(seq_to_stream.at(seq));
-        ggml_fp16_t * crow = cache_mask + i*n_kv;
-        ggml_fp16_t * erow = exact_mask + i*n_exact;
+        ggml_fp16_t * crow = cache_mask + i*cache_step;
+        ggml_fp16_t * erow = exact_mask + i*exact_step;
         for (int64_t c = 0; c < n_kv && c < (int64_t) cells.size(); ++c) {
             if (crow[c] == drop || cells.is_empty(c)) {
                 continue;

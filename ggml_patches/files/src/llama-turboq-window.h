@@ -24,10 +24,15 @@
 // without a window writes nothing, so older states stay valid, and a state whose window does not
 // match the cache's is refused.
 //
-// CPU only: a layer whose cache lives on another device is refused, as are models whose tokens
-// share positions (M-RoPE, several positions per token), models with recurrent layers (their
-// attention input is built elsewhere), caches without flash attention and caches that borrow
-// another cache's cells.
+// Where the cache lives on a device (a GPU, an RPC server), the attention cannot take the rows
+// beside the cache (ggml-fa-exact.h is the CPU backend's): each layer reads its window through a
+// copy instead, the cache's rows converted to F16 with the exact ones after them, padded to 256
+// rows with hidden zeros (CUDA's fastest kernels want that multiple), under one mask whose rows
+// span both. That costs the converted copy per layer and graph, so the CPU keeps the rows beside;
+// the debug switch TURBOQ_WINDOW_COPY=1 takes the copy there too (what the tests compare).
+// Refused: models whose tokens share positions (M-RoPE, several positions per token), models with
+// recurrent layers (their attention input is built elsewhere), caches without flash attention and
+// caches that borrow another cache's cells.
 
 #include "llama.h"
 #include "llama-turboq-tail.h"
@@ -79,8 +84,8 @@ public:
 
     llama_turboq_window(uint32_t w, uint32_t margin, uint32_t n_seq);
 
-    // a layer of the cache (ikv, model layer il): rings in ctx when K or V is quantized; throws
-    // when its cache is not in host memory
+    // a layer of the cache (ikv, model layer il): rings in ctx (on buft) when K or V is quantized; a
+    // buft outside host memory makes every layer read its window through the copy
     void add_layer(ggml_context * ctx, uint32_t ikv, int32_t il, ggml_type type_k, ggml_type type_v,
                    int64_t n_embd_k_gqa, int64_t n_embd_v_gqa, ggml_backend_buffer_type_t buft, const char * name_tag);
 
@@ -90,15 +95,17 @@ public:
     uint32_t margin_size()           const { return cap - w; }
 
     // graph: the masks ([n_kv, n_tps, 1, ns] as kq_mask, then the exact rows' [rows + n_tokens, n_tps,
-    // 1, ns], as one F16 input), the ring slot of each ubatch row ([n_tokens] I64), and the order in
-    // which the ring's slots are read ([rows] I32)
+    // 1, ns], as one F16 input; through the copy, one [n_kv + exact_cols, n_tps, 1, ns] whose rows
+    // span both), the ring slot of each ubatch row ([n_tokens] I64), and the order in which the
+    // ring's slots are read ([rows] I32)
     ggml_tensor * new_mask(ggml_context * ctx, const ggml_tensor * kq_mask) const;
     ggml_tensor * new_write_idxs(ggml_context * ctx, int64_t n_tokens) const;
     ggml_tensor * new_order(ggml_context * ctx) const;
 
     // a layer's exact rows: the ring as it was before the ubatch, its held rows by sequence and
     // position, followed by the ubatch's own rows; k_stored [n_embd_head_k*n_head_kv, n_tokens] as
-    // the cache takes K (turboq_stored_k), v_cur [n_embd_head_v, n_head_kv, n_tokens]
+    // the cache takes K (turboq_stored_k), v_cur [n_embd_head_v, n_head_kv, n_tokens]. Through the
+    // copy they come as rows to append (llama_turboq_exact_append), padded to exact_cols.
     llama_turboq_exact_rows layer_rows(ggml_context * ctx, uint32_t ikv, ggml_tensor * mask, const ggml_tensor * kq_mask,
                                        ggml_tensor * order, int64_t n_embd_head_k, ggml_tensor * k_stored,
                                        ggml_tensor * v_cur) const;
@@ -136,10 +143,17 @@ public:
     static void refuse_rest(llama_memory_i * mem, llama_seq_id seq, llama_file & file, size_t n);
     static void refuse_stream_count(llama_io_read_i & io, uint32_t n_stream_read);
 
+    bool reads_copy() const { return copy; }
+
 private:
     uint32_t w;
     uint32_t cap;
     uint32_t n_seq;
+    bool     copy;  // each layer reads its window through the copy (see above)
+
+    // the exact columns of a query's mask row beside n_kv of the cache's: the ring's rows and the
+    // ubatch's, and through the copy the hidden rows that pad the whole to a multiple of 256
+    int64_t exact_cols(int64_t n_kv, int64_t n_tokens) const;
 
     uint32_t rows() const { return n_seq*cap + 1; }
     uint32_t trash() const { return n_seq*cap; }
