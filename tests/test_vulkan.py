@@ -3,7 +3,7 @@
 test-backend-ops compares every turboq case on Vulkan0 with the CPU backend (its own NMSE
 tolerances), the _g64, _g32 and _g16 twins' and the trellis types' included, and llama-perplexity -ngl 99
 with turboq3 K/V must give the CPU's logits at head sizes 128, 64, 96 and 80, as must turboq3t and turboq2t
-at 128.
+at 128, and the exact window, which a cache on Vulkan0 reads after an F16 copy of its rows.
 
 build-vulkan/ comes from scripts/setup_vulkan.sh, which scripts/test.sh runs. Without it these
 tests skip, except under CI (CI=true) or PYTURBO_REQUIRE_VULKAN=1, where they fail: a run that did
@@ -11,6 +11,7 @@ not exercise Vulkan0 must not pass.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -252,6 +253,49 @@ def test_the_exact_window_on_vulkan_gives_the_cpu_cache_logits(vk_bin, tmp_path,
     assert abs(vk.ppl / cpu.ppl - 1) < PPL_REL_TOL
     assert vk.kld is not None and vk.kld < KLD_TOL
     assert plain.kld is not None and plain.kld > 4 * vk.kld
+
+
+_WINDOW_STATE_SCRIPT = r"""
+import json, sys
+import numpy as np
+from pyturbo.llama import Llama
+
+def make(window):
+    return Llama(sys.argv[1], cache_type_k="turboq3", cache_type_v="turboq3", kv_exact_window=window, n_ctx=256,
+                 n_batch=256, n_gpu_layers=99, flash_attn=True, verbose=True, seed=1, logits_all=True)
+
+def continuation(llm, first, n=6):
+    tokens, logits = [first], []
+    for _ in range(n):
+        llm.eval([tokens[-1]])
+        logits.append(llm.scores[llm.n_tokens - 1].copy())
+        tokens.append(int(np.argmax(logits[-1])))
+    return tokens, logits
+
+a = make(8)
+a.eval(a.tokenize(b"The old man said that the fish would come back when the wind turned, and then he slept."))
+state = a.save_state()
+first = int(np.argmax(a.scores[a.n_tokens - 1]))
+tokens, logits = continuation(a, first)
+b = make(8)
+b.eval(b.tokenize(b"Another text, another cache, with other rows in its window than the first had."))
+b.load_state(state)
+again, logits2 = continuation(b, first)
+print(json.dumps({"same_tokens": again == tokens, "max_diff": max(float(np.abs(x - y).max()) for x, y in zip(logits, logits2))}))
+"""
+
+
+def test_a_state_with_an_exact_window_on_vulkan_restores_bit_identically(vk_bin):
+    """The window's rings live on Vulkan0 beside the cache: pyturbo.Llama on the Vulkan build saves a
+    state, and a fresh context whose window held other rows continues from it bit for bit (the
+    rows travel through the backend's tensor reads and writes, as the cache's own)."""
+    env = {**os.environ, **vk_env(), "PYTURBO_BUILD_DIR": str(VK_BUILD)}
+    r = subprocess.run([sys.executable, "-c", _WINDOW_STATE_SCRIPT, str(data.tiny_model(head_dim=128))], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Vulkan0 KV buffer size" in r.stderr and "F16 rows after an F16 copy of the cache" in r.stderr, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"same_tokens": True, "max_diff": 0.0}
 
 
 @pytest.mark.parametrize("mode", [3, 7])
