@@ -1,5 +1,6 @@
 """Helpers shared by the test modules (which never import each other): starting and stopping
-servers, KL of logit rows, codec input groups, attention masks, refused saved states."""
+servers, KL of logit rows, codec input groups, attention masks, refused saved states, greedy
+continuations. tests/test_vulkan.py's subprocesses import it too, on the Vulkan build."""
 from __future__ import annotations
 
 import shlex
@@ -170,3 +171,14 @@ def assert_state_refused(llm, state, match: str) -> str:
         llm.load_state(state)
     assert llm.n_tokens == n_before and bytes(llm.save_state().llama_state) == before
     return str(e.value)
+
+
+def continuation(llm, first: int, n: int = 6) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy tokens and their logits from a llama-cpp-python Llama (logits_all), fed one at a time
+    from `first`."""
+    tokens, logits = [first], []
+    for _ in range(n):
+        llm.eval([tokens[-1]])
+        logits.append(llm.scores[llm.n_tokens - 1].copy())
+        tokens.append(int(np.argmax(logits[-1])))
+    return tokens, logits

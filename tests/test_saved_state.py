@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyturbo import data
-from helpers import assert_state_refused, free_port, post, server_cmd, start, stop, wait_healthy
+from helpers import assert_state_refused, continuation, free_port, post, server_cmd, start, stop, wait_healthy
 
 PROMPT = "The old man looked at the sea and said"
 
@@ -33,16 +33,6 @@ def make(Llama, path, k, v, la=None, window=None):
     # below would compare rows of zeros
     return Llama(path, cache_type_k=k, cache_type_v=v, layer_adaptive=la, kv_exact_window=window, n_ctx=256,
                  n_batch=256, flash_attn=True, verbose=False, seed=1, logits_all=True)
-
-
-def continuation(llm, first: int, n: int = 6) -> tuple[list[int], list[np.ndarray]]:
-    """Greedy tokens and their logits, fed one at a time from `first`."""
-    tokens, logits = [first], []
-    for _ in range(n):
-        llm.eval([tokens[-1]])
-        logits.append(llm.scores[llm.n_tokens - 1].copy())
-        tokens.append(int(np.argmax(logits[-1])))
-    return tokens, logits
 
 
 @pytest.mark.parametrize("k,v", [("turboq2", "turboq2"), ("turboq8", "turboq8"), ("q8_0", "turboq4"),

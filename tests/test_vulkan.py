@@ -259,18 +259,11 @@ _WINDOW_STATE_SCRIPT = r"""
 import json, sys
 import numpy as np
 from pyturbo.llama import Llama
+from helpers import continuation  # tests/, on PYTHONPATH
 
 def make(window):
     return Llama(sys.argv[1], cache_type_k="turboq3", cache_type_v="turboq3", kv_exact_window=window, n_ctx=256,
                  n_batch=256, n_gpu_layers=99, flash_attn=True, verbose=True, seed=1, logits_all=True)
-
-def continuation(llm, first, n=6):
-    tokens, logits = [first], []
-    for _ in range(n):
-        llm.eval([tokens[-1]])
-        logits.append(llm.scores[llm.n_tokens - 1].copy())
-        tokens.append(int(np.argmax(logits[-1])))
-    return tokens, logits
 
 a = make(8)
 a.eval(a.tokenize(b"The old man said that the fish would come back when the wind turned, and then he slept."))
@@ -289,7 +282,9 @@ def test_a_state_with_an_exact_window_on_vulkan_restores_bit_identically(vk_bin)
     """The window's rings live on Vulkan0 beside the cache: pyturbo.Llama on the Vulkan build saves a
     state, and a fresh context whose window held other rows continues from it bit for bit (the
     rows travel through the backend's tensor reads and writes, as the cache's own)."""
-    env = {**os.environ, **vk_env(), "PYTURBO_BUILD_DIR": str(VK_BUILD)}
+    tests = str(Path(__file__).resolve().parent)
+    env = {**os.environ, **vk_env(), "PYTURBO_BUILD_DIR": str(VK_BUILD),
+           "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)}
     r = subprocess.run([sys.executable, "-c", _WINDOW_STATE_SCRIPT, str(data.tiny_model(head_dim=128))], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
