@@ -11,8 +11,8 @@
 #        configure + build test-backend-ops and llama-bench (-j16), run test-backend-ops on CUDA0
 #        (SET_ROWS, GET_ROWS, CPY, FLASH_ATTN_EXT; fails unless CUDA0 ran N/N tests with N > 0),
 #        and the turboq FA cases again with GGML_CUDA_TURBOQ_FA=packed (the packed-block kernel at
-#        every batch size), the _g64/_g32/_g16 twins' and the trellis types' cases with
-#        GGML_CUDA_TURBOQ_TWINS=1, then
+#        every batch size), the _g64/_g32/_g16 twins' and the trellis types' cases (the build has
+#        -DGGML_CUDA_TURBOQ_TWINS=ON and -DPYTURBO_TRELLIS=ON), then
 #        llama-bench -ngl 99 -fa 1 -p 512 -n 64 -d 0,8192,32768 for each configuration, on the
 #        zero-weight 8B-shaped model first, and one ratio table to f16.
 #
@@ -24,11 +24,11 @@
 #   OUT                   results folder (default: $PYTURBO_CUDA_BENCH_BUILD_DIR/out)
 #   BUDGET_S              total seconds (default 570): benches that would overrun are skipped
 #   BENCH_DEPTHS          default 0,8192,32768;  BENCH_REPS default 2
-#   BENCH_CONFIGS         K/V configurations, each TYPE or K/V, then :MODE (TURBO_LAYER_ADAPTIVE) and/or
+#   BENCH_CONFIGS         K/V configurations, each TYPE or K/V, then :MODE (LLAMA_ARG_LAYER_ADAPTIVE) and/or
 #                         :wW (an exact window of W, LLAMA_ARG_KV_EXACT_WINDOW, read after an F16 copy
 #                         of the cache on a GPU), default "f16 turboq3 turboq3:4:w32 turboq3:4 q4_0 q8_0
 #                         turboq3:w32 turboq3/turboq4:3 q8_0/turboq3 turboq4" (turboq3:4:w32 is the
-#                         main job; on a model without sliding-window layers mode 4 is a turboq4 K
+#                         recommended configuration; on a model without sliding-window layers mode 4 is a turboq4 K
 #                         beside a turboq3 V); the budget may skip the last ones
 #   TURBOQ_FILTER         test-backend-ops -p regex for the turboq cases (default: turboq)
 #   JOBS                  build parallelism (default: nproc)
@@ -163,6 +163,7 @@ LAUNCH=()
 command -v ccache >/dev/null && LAUNCH=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 t=$(date +%s)
 if ! cmake -S "$ROOT" -B "$BDIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_DIR="$UP" \
+        -DGGML_CUDA_TURBOQ_TWINS=ON -DPYTURBO_TRELLIS=ON \
         -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$NVCC" \
         "${LAUNCH[@]}" "${CUBLAS_ARGS[@]}" > "$OUT/configure.log" 2>&1; then
     tail -n 30 "$OUT/configure.log"; say "FAIL: configure (see configure.log)"; exit 1
@@ -204,13 +205,13 @@ tbo cpy-turboq      -o CPY -p "$TQF"
 tbo fa-turboq       -o FLASH_ATTN_EXT -p "$TQF"
 GGML_CUDA_TURBOQ_FA=packed tbo fa-turboq-packed -o FLASH_ATTN_EXT -p "$TQF"
 # the _g64/_g32/_g16 twins (head sizes 64, 96, 192, MLA's 576; 80) and the trellis types turboq3t
-# and turboq2t, which CUDA declines unless GGML_CUDA_TURBOQ_TWINS=1: their kernels have run only
-# under CPU emulation (tests/test_cuda_emulation.py)
+# and turboq2t, which CUDA declines unless built with -DGGML_CUDA_TURBOQ_TWINS=ON (as this build
+# is): their kernels have run only under CPU emulation (tests/test_cuda_emulation.py)
 for op in SET_ROWS GET_ROWS CPY FLASH_ATTN_EXT; do
-    GGML_CUDA_TURBOQ_TWINS=1 tbo "twins-$op" -o "$op" -p 'turboq[2348]_g(64|32|16)|turboq[23]t'
+    tbo "twins-$op" -o "$op" -p 'turboq[2348]_g(64|32|16)|turboq[23]t'
 done
 # the packed kernel has no _g16 cases (head size 80 converts K/V to f16 for mainline's kernels)
-GGML_CUDA_TURBOQ_TWINS=1 GGML_CUDA_TURBOQ_FA=packed tbo twins-fa-packed -o FLASH_ATTN_EXT -p 'turboq[2348]_g(64|32)|turboq[23]t'
+GGML_CUDA_TURBOQ_FA=packed tbo twins-fa-packed -o FLASH_ATTN_EXT -p 'turboq[2348]_g(64|32)|turboq[23]t'
 
 # -- llama-bench
 MODELS=()
@@ -248,7 +249,7 @@ for m in "${MODELS[@]}"; do
             continue
         fi
         log="$OUT/bench-$base-${ctk}-${ctv}-m${mode}-w${win}"
-        LLAMA_ARG_KV_EXACT_WINDOW=$win TURBO_LAYER_ADAPTIVE=$mode timeout "$budget" "$BIN/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 64 -d "$DEPTHS" -r "$REPS" \
+        LLAMA_ARG_KV_EXACT_WINDOW=$win LLAMA_ARG_LAYER_ADAPTIVE=$mode timeout "$budget" "$BIN/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 64 -d "$DEPTHS" -r "$REPS" \
             -ctk "$ctk" -ctv "$ctv" -o jsonl > "$log.jsonl" 2> "$log.log"
         rc=$?
         if [ "$rc" = 0 ]; then

@@ -1,12 +1,12 @@
 // What a trellis-coded turboq would cost in C (issue 21's trellis lever; the lab's
-// pyturbo/lab/trellis.py, not a shipped type). A bit-shift trellis of 256 states (L = 8) or 64
+// pyturbo/lab/trellis.py). A bit-shift trellis of 256 states (L = 8) or 64
 // (L = 6), k = 2 or 3 bits per value, one 128-value group at a time: s_t = ((s_{t-1} << k) | c_t)
 // mod 2^L from s_{-1} = 0, value t read back as cb[s_t].
 //
 // The encoder is Viterbi with back-pointers per step, three ways: plain C, AVX2 and AVX-512 (the
 // 256 path costs are 32 or 16 vector registers; AVX-512 for 256 states only). Each keeps the
 // lab's float32 operations in the lab's order and its first-minimum ties, so all three return
-// pyturbo.lab.trellis.viterbi's paths bit for bit (tests/test_kvlab.py runs `check`).
+// pyturbo.format.trellis.viterbi's paths bit for bit (tests/test_kvlab.py runs `check`).
 //
 // The decoder needs no state carried along a row: s_t is the last L bits of the code stream up
 // to c_t, so with the codes packed most significant bit first, value t is cb[the L bits that end

@@ -4,7 +4,7 @@
 Steps: fetch the pinned llama-cpp-python sdist (cached), check its sha256,
 extract vendor/llama.cpp, copy ggml_patches/files/ over it, apply the series with
 `git apply`; with --sign-seed N (CMake's PYTURBO_SIGN_SEED, a debug option), swap the rotation
-signs of the generated tables for seed N's (pyturbo/lab/signs.py). The result is synced into
+signs of the generated tables for seed N's (pyturbo/format/signs.py). The result is synced into
 --dest file by file, so an unchanged file keeps its mtime and a rebuild after a patch edit
 recompiles only what the patch touched.
 """
@@ -37,7 +37,7 @@ def _load(name: str, rel: str):
 
 
 _paths = _load("pyturbo_paths", "pyturbo/_paths.py")  # the pin and the cache location
-_signs = _load("pyturbo_signs", "pyturbo/lab/signs.py")  # a seeded build's rotation signs
+_signs = _load("pyturbo_signs", "pyturbo/format/signs.py")  # a seeded build's rotation signs
 SIGNED_TABLES = {  # the generated tables whose sign blocks a seeded build replaces; True: GLSL
     Path("ggml/src/ggml-turboq-tables.h"): False,
     Path("ggml/src/ggml-vulkan/vulkan-shaders/turboq_tables.glsl"): True,
@@ -181,7 +181,7 @@ def inputs_digest(sign_seed: int | None = None) -> str:
     h = hashlib.sha256(UPSTREAM_SDIST_SHA256.encode())
     if sign_seed is not None:
         h.update(f"sign seed {sign_seed}".encode())
-        h.update((HERE.parent / "pyturbo" / "lab" / "signs.py").read_bytes())
+        h.update((HERE.parent / "pyturbo" / "format" / "signs.py").read_bytes())
     for p in sorted([SERIES, *series(), *(FILES_DIR / r for r in new_files())]):
         h.update(str(p.relative_to(HERE)).encode())
         h.update(p.read_bytes())

@@ -64,7 +64,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         ok = False
     try:
         from . import codec
-        from .lab import reference
+        from .format import reference
         if seed:
             raise LookupError("skipped: the NumPy reference has the shipped rotation signs")
         x = np.random.default_rng(0).standard_normal(256).astype(np.float32)
@@ -138,6 +138,11 @@ def cmd_perplexity(args: argparse.Namespace) -> None:
         print(f"| {tk} | {tv} | {args.layer_adaptive} | {r.n_scored} | {r.ppl:.4f} |", flush=True)
 
 
+def _layer_adaptive_mode(text: str) -> int:
+    from .layer_adaptive import parse_mode
+    return parse_mode(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="pyturbo", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -157,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("-f", "--file", help="text file (default: botchan.txt)")
     p.add_argument("--cache-type-k", "-ctk", default="f16")
     p.add_argument("--cache-type-v", "-ctv", default="f16")
-    p.add_argument("--layer-adaptive", type=int, default=0)
+    p.add_argument("--layer-adaptive", type=_layer_adaptive_mode, default=0, metavar="MODE",
+                   help="layer-adaptive mode, its number or name (default 0 = off)")
     p.add_argument("--bits", type=int, nargs="+", choices=[2, 3, 4, 8],
                    help="run turboq<bits> for K and V for each value (overrides the cache types)")
     p.add_argument("--max-length", type=int, default=2048)

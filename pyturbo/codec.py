@@ -1,6 +1,6 @@
 """The C codec: quantize and dequantize NumPy arrays with the patched ggml's own functions.
 
-`pyturbo.lab.reference` is its NumPy twin; tests hold the two equal bit for bit.
+`pyturbo.format.reference` is its NumPy twin; tests hold the two equal bit for bit.
 """
 from __future__ import annotations
 

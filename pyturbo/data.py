@@ -123,15 +123,19 @@ def corpus_slice(n_chars: int, name: str | None = None) -> Path:
 
 
 def tiny_model(head_dim: int = 128, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
-               n_embd: int | None = None, n_vocab: int = 256, seed: int = 0, layer_adaptive: int | None = None) -> Path:
+               n_embd: int | None = None, n_vocab: int = 256, seed: int = 0, layer_adaptive: int | None = None,
+               k_center: bool | None = None) -> Path:
     """A random llama-architecture GGUF (f32 weights, byte-level vocabulary); layer_adaptive: a
-    mode stored in the GGUF (its key turboq.layer_adaptive, as a uint32)."""
+    mode stored in the GGUF (its key turboq.layer_adaptive, as a uint32); k_center: K centering
+    stored in the GGUF (turboq.k_center, a bool)."""
     import numpy as np
     import gguf
 
     n_embd = n_embd or head_dim * n_head
     n_ff = 2 * n_embd
-    spec = (head_dim, n_layer, n_head, n_head_kv, n_embd, n_vocab, seed, 2) + ((layer_adaptive,) if layer_adaptive is not None else ())
+    spec = ((head_dim, n_layer, n_head, n_head_kv, n_embd, n_vocab, seed, 2)
+            + ((layer_adaptive,) if layer_adaptive is not None else ())
+            + (("k_center", k_center) if k_center is not None else ()))
     target = _cached_gguf(f"tiny-llama-hd{head_dim}", spec)
     if target.exists():
         return target
@@ -154,6 +158,9 @@ def tiny_model(head_dim: int = 128, n_layer: int = 2, n_head: int = 4, n_head_kv
     if layer_adaptive is not None:
         from .layer_adaptive import key as la_key
         w.add_uint32(la_key(), layer_adaptive)
+    if k_center is not None:
+        from .k_centering import key as kc_key
+        w.add_bool(kc_key(), k_center)
 
     def t(name: str, *shape: int, scale: float = 0.02) -> None:
         w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))

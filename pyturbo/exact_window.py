@@ -22,7 +22,15 @@ from ._paths import library
 
 ENV = "LLAMA_ARG_KV_EXACT_WINDOW"                # common's set_env alias of --kv-exact-window
 MARGIN_ENV = "LLAMA_ARG_KV_EXACT_WINDOW_MARGIN"  # and of --kv-exact-window-margin
-MAX = 4096                                        # the largest window (and margin) libllama and common take
+
+
+@lru_cache(maxsize=1)
+def max_positions() -> int:
+    """The largest window (and margin) that libllama and common take (llama_turboq_exact_window_max)."""
+    fn = library("llama").llama_turboq_exact_window_max
+    fn.restype = C.c_int32
+    fn.argtypes = []
+    return int(fn())
 
 
 @lru_cache(maxsize=1)
@@ -64,14 +72,14 @@ def can_continue(ctx: int, seq: int, n_past: int) -> bool:
 
 
 def check(w: int) -> int:
-    if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= MAX:
-        raise ValueError(f"exact window {w!r}: a number of positions, 0 (off) to {MAX}")
+    if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= max_positions():
+        raise ValueError(f"exact window {w!r}: a number of positions, 0 (off) to {max_positions()}")
     return w
 
 
 def check_margin(m: int) -> int:
-    if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= MAX:
-        raise ValueError(f"exact window margin {m!r}: a number of positions, 0 to {MAX}")
+    if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= max_positions():
+        raise ValueError(f"exact window margin {m!r}: a number of positions, 0 to {max_positions()}")
     return m
 
 

@@ -4,8 +4,9 @@ The table is `policies[]` in llama-turboq.cpp; llama_turboq_layer_policy hands i
 llama_turboq_boundary_from_gains applies its selection rule to K gains that Python measured
 (from a GGUF, or a transformers model), so Python keeps no copy of either that could drift. A mode is a setting of the model, the GGUF key
 `key()` ("turboq.layer_adaptive"): llama.cpp's tools set it with `--layer-adaptive N` (or its
-environment alias TURBO_LAYER_ADAPTIVE), llama-cpp-python with `kv_overrides`, and
-pyturbo.Llama with `layer_adaptive=N`. On a head size that q8_0's 32-value blocks do not divide
+environment alias LLAMA_ARG_LAYER_ADAPTIVE), llama-cpp-python with `kv_overrides`, and
+pyturbo.Llama with `layer_adaptive=N`. Each mode also has a name (names(): "k4-global" for 4, ...)
+that those take beside the number. On a head size that q8_0's 32-value blocks do not divide
 (80), a mode's q8_0 is turboq8 in the twin the head size calls for (stored_type, from libllama's
 llama_turboq_mode_type_for_head).
 """
@@ -86,10 +87,34 @@ def modes() -> tuple[int, ...]:
     return (0, *sorted(policies()))
 
 
-def check_mode(mode: int) -> int:
-    if mode not in modes():
-        raise ValueError(f"layer-adaptive mode {mode!r}: valid modes are {', '.join(map(str, modes()))}")
+@lru_cache(maxsize=1)
+def names() -> dict[int, str]:
+    """Each mode's name, as libllama names it ("off", ..., "k4-global", ...): the flag and
+    `layer_adaptive=` take it beside the number."""
+    fn = library("llama").llama_turboq_layer_adaptive_name
+    fn.restype = C.c_char_p
+    fn.argtypes = [C.c_int32]
+    return {m: fn(m).decode() for m in modes()}
+
+
+def check_mode(mode: int | str) -> int:
+    """A mode given as its number or its name, as its number; ValueError naming the valid ones."""
+    by_name = {n: m for m, n in names().items()}
+    if isinstance(mode, str) and mode in by_name:
+        return by_name[mode]
+    if isinstance(mode, bool) or not isinstance(mode, int) or mode not in modes():
+        valid = ", ".join(f"{m} ({n})" for m, n in names().items())
+        raise ValueError(f"layer-adaptive mode {mode!r}: valid modes are {valid}")
     return mode
+
+
+def parse_mode(text: str) -> int:
+    """A mode from a command line: its number or its name (argparse's type=)."""
+    try:
+        return check_mode(int(text) if text.lstrip("-").isdigit() else text)
+    except ValueError as e:
+        import argparse
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def needs_gains(mode: int) -> bool:

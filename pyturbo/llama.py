@@ -20,6 +20,7 @@ import threading
 from typing import Any, Iterator
 
 from . import exact_window as _ew
+from . import k_centering as _kc
 from . import layer_adaptive as _la
 from ._paths import use_patched_llama_cpp
 from .types import CACHE_TYPES, TRELLIS_TYPES, TURBOQ_TYPES, TWIN_TYPES, CacheType, requested_cache_type
@@ -98,14 +99,15 @@ def creating_context(*, verbose: bool = True) -> Iterator[None]:
 
 
 class Llama(llama_cpp.Llama):
-    """llama_cpp.Llama with `cache_type_k`, `cache_type_v` (names), `layer_adaptive`,
-    `kv_exact_window` (each sequence's last W positions read exact; pyturbo.exact_window) and
-    `kv_exact_window_margin` (positions kept beyond it for rollbacks; default 16)."""
+    """llama_cpp.Llama with `cache_type_k`, `cache_type_v` (names), `layer_adaptive` (a mode's number or name),
+    `kv_exact_window` (each sequence's last W positions read exact; pyturbo.exact_window),
+    `kv_exact_window_margin` (positions kept beyond it for rollbacks; default 16) and `k_center`
+    (K centering of a turboq K cache; default on; pyturbo.k_centering)."""
 
     def __init__(self, model_path: str, *args: Any, cache_type_k: str | CacheType | None = None,
-                 cache_type_v: str | CacheType | None = None, layer_adaptive: int | None = None,
+                 cache_type_v: str | CacheType | None = None, layer_adaptive: int | str | None = None,
                  kv_exact_window: int | None = None, kv_exact_window_margin: int | None = None,
-                 **kwargs: Any) -> None:
+                 k_center: bool | None = None, **kwargs: Any) -> None:
         tk = requested_cache_type(cache_type_k) if cache_type_k is not None else None
         tv = requested_cache_type(cache_type_v) if cache_type_v is not None else None
         if tk is not None:
@@ -117,6 +119,8 @@ class Llama(llama_cpp.Llama):
                 _check_type_id(kwargs[key])
         if layer_adaptive is None and _la.key() in (kwargs.get("kv_overrides") or {}):
             layer_adaptive = kwargs["kv_overrides"][_la.key()]  # the mode given as llama-cpp-python does
+        if layer_adaptive is not None:
+            layer_adaptive = _la.check_mode(layer_adaptive)  # a number or a name ("k4-global")
         turboq_ids = {CACHE_TYPES[n].ggml_id for n in TURBOQ_TYPES} | {t.ggml_id for t in TRELLIS_TYPES.values()}
         policy = _la.policies().get(layer_adaptive or 0)
         la_turboq = policy is not None and any(t in TURBOQ_TYPES for t in (policy.k_boundary, policy.v_boundary, policy.v_other))
@@ -134,6 +138,8 @@ class Llama(llama_cpp.Llama):
         if kv_exact_window_margin is not None:
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}),
                                       _ew.margin_key(): _ew.check_margin(kv_exact_window_margin)}
+        if k_center is not None:
+            kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_kc.kv_override(k_center)}
         self.kv_exact_window = kv_exact_window or int((kwargs.get("kv_overrides") or {}).get(_ew.key(), 0))
         verbose = kwargs.get("verbose", True)
         with creating_context(verbose=verbose):

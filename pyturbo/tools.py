@@ -11,7 +11,7 @@ from ._paths import binary, tool_env
 
 def run_tool(name: str, *args: str, timeout: float = 1800, check: bool = True,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run build/bin/<name>; env adds variables (TURBOQ_K_CENTER, TURBO_LAYER_ADAPTIVE, ...)."""
+    """Run build/bin/<name>; env adds variables (LLAMA_ARG_KV_K_CENTER, LLAMA_ARG_LAYER_ADAPTIVE, ...)."""
     r = subprocess.run([str(binary(name)), *args], capture_output=True, text=True, env=tool_env(env), stdin=subprocess.DEVNULL,
                        timeout=timeout)
     if check and r.returncode != 0:

@@ -5,8 +5,8 @@ KV-cache type. Names are the strings that llama.cpp's `-ctk/-ctv` take.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 @dataclass(frozen=True)
@@ -80,20 +80,42 @@ TURBOQ_G16_TYPES = tuple(G16_TYPES)
 
 # The trellis-coded types (issue 21): turboq3's and turboq2's bits and block sizes, values read through a
 # 64-state trellis. Experimental: ggml's CPU and Vulkan backends (CUDA's kernels have not run on a GPU), and libllama (so every tool, and
-# requested_cache_type here) takes them only with PYTURBO_TRELLIS=1 in the environment, a debug switch
-# for measuring them until CUDA has run them. The codec, the reference, kv_bytes and pyturbo.hf take them.
+# requested_cache_type here) takes them only in a build configured with -DPYTURBO_TRELLIS=ON (scripts/setup.sh's
+# is; `pip install .`'s is not, unless CMAKE_ARGS says so). The codec, the reference, kv_bytes and pyturbo.hf take them.
 TRELLIS_TYPES: dict[str, CacheType] = {t.name: t for t in (
     CacheType("turboq3t", 76, TURBOQ_GROUP, 50),
     CacheType("turboq2t", 77, TURBOQ_GROUP, 34),
 )}
-TRELLIS_ENV = "PYTURBO_TRELLIS"
+
+
+def _llama_fn(name: str, restype, *argtypes):
+    """A function of the built libllama: the rules below are its, asked rather than copied."""
+    from ._paths import library
+    fn = getattr(library("llama"), name)
+    fn.restype, fn.argtypes = restype, list(argtypes)
+    return fn
+
+
+def _type_by_id(ggml_id: int) -> CacheType:
+    return next(t for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values(), *TRELLIS_TYPES.values()) if t.ggml_id == ggml_id)
+
+
+@lru_cache(maxsize=1)
+def trellis_built() -> bool:
+    """Whether the built libllama takes the trellis types as cache types (-DPYTURBO_TRELLIS=ON)."""
+    import ctypes as C
+    return bool(_llama_fn("llama_turboq_trellis_built", C.c_bool)())
 
 
 def trellis_released(name: str | CacheType) -> str:
     """The released turboq type that stores a trellis type's bits in its block size (turboq3t: turboq3),
-    which a refusal of the trellis type names."""
+    which a refusal of the trellis type names (libllama's llama_turboq_trellis_released_type)."""
+    import ctypes as C
     t = cache_type(name)
-    return next(r for r in TURBOQ_TYPES if (CACHE_TYPES[r].block_size, CACHE_TYPES[r].block_bytes) == (t.block_size, t.block_bytes))
+    released = _llama_fn("llama_turboq_trellis_released_type", C.c_int32, C.c_int32)(t.ggml_id)
+    if released < 0:
+        raise ValueError(f"{t.name!r} is not a trellis type")
+    return _type_by_id(released).name
 
 
 def turboq_base(name: str | CacheType) -> str:
@@ -104,26 +126,27 @@ def turboq_base(name: str | CacheType) -> str:
 
 
 def layer_cache_type(name: str | CacheType, head_dim: int) -> CacheType:
-    """The type a layer of this head size stores for a requested cache type (llama.cpp's rule): a
-    turboq type stays where the head size is a multiple of 128, else takes the twin of the largest
-    group in TWIN_GROUPS that divides it (none: the type itself, which llama.cpp refuses there)."""
+    """The type a layer of this head size stores for a requested cache type, by libllama's rule
+    (llama_turboq_stored_type): a turboq type stays where the head size is a multiple of 128, else
+    takes the twin of the largest group in TWIN_GROUPS that divides it (none: the type itself, which
+    llama.cpp refuses there); TURBOQ_GROUP, libllama's debug switch, is followed too."""
+    import ctypes as C
     t = cache_type(name)
-    if t.is_turboq and t.name not in TRELLIS_TYPES and t.block_size == TURBOQ_GROUP and head_dim % TURBOQ_GROUP:
-        for g in TWIN_GROUPS:
-            if head_dim % g == 0:
-                return TWIN_TYPES[f"{t.name}_g{g}"]
-    return t
+    if not t.is_turboq or t.name in TRELLIS_TYPES:
+        return t
+    return _type_by_id(_llama_fn("llama_turboq_stored_type", C.c_int32, C.c_int32, C.c_uint32)(t.ggml_id, head_dim))
 
 
 def requested_cache_type(name: str | CacheType) -> CacheType:
     """A cache type as a user asks for one (-ctk/-ctv, cache_type_k=): the names llama.cpp's tools take.
     A twin (_g64, _g32, _g16) is refused, saying which name to ask for: llama.cpp picks the twin per layer,
     and given one directly it would skip the per-layer rule (and the flash-attention check). A trellis type is
-    taken only with PYTURBO_TRELLIS=1 in the environment, as libllama takes it."""
+    taken only where the built libllama takes it (-DPYTURBO_TRELLIS=ON)."""
     t = cache_type(name)
-    if t.name in TRELLIS_TYPES and os.environ.get(TRELLIS_ENV) != "1":
-        raise ValueError(f"KV cache type {t.name!r} is experimental (ggml's CPU and Vulkan backends): llama.cpp's tools take it "
-                         f"with {TRELLIS_ENV}=1 in the environment, for measuring it; it is not a setting yet")
+    if t.name in TRELLIS_TYPES and not trellis_built():
+        raise ValueError(f"KV cache type {t.name!r} is experimental (ggml's CPU and Vulkan backends), and this build leaves "
+                         f"it out: configure with -DPYTURBO_TRELLIS=ON (scripts/setup.sh does); "
+                         f"{trellis_released(t)!r} is its released equivalent")
     if t.name in TWIN_TYPES:
         base, g = turboq_base(t), t.block_size
         raise ValueError(f"KV cache type {t.name!r} is the {g}-value form that llama.cpp stores for {base} on layers "

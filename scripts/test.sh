@@ -4,10 +4,24 @@
 # compile check (nvcc, no GPU). PYTURBO_SKIP_GPU_BACKENDS=1 leaves both out (the Vulkan tests
 # then skip, except under CI=true). The portable-kernel builds (AArch64 under qemu, x86 without
 # AVX2/FMA) for tests/test_portable_kernels.py: PYTURBO_SKIP_PORTABLE=1 leaves them out.
+# --quick: setup.sh's CPU build and tiny models only, pytest -m "$QUICK" (pyproject.toml's markers); args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+QUICK="not (slow or vulkan or portable or cuda_emulation or package or seeded)"
+quick=0
+args=()
+for a in "$@"; do
+    if [ "$a" = --quick ]; then quick=1; else args+=("$a"); fi
+done
 t0=$(date +%s)
 bash scripts/setup.sh
+if [ "$quick" = 1 ]; then
+    echo "test.sh --quick: setup $(( $(date +%s) - t0 )) s"
+    rc=0
+    python3 -m pytest -q -ra --durations=15 -m "$QUICK" tests ${args[@]+"${args[@]}"} || rc=$?
+    echo "test.sh --quick: $(( $(date +%s) - t0 )) s in all"
+    exit "$rc"
+fi
 bash scripts/build_seeded.sh
 t1=$(date +%s)
 echo "test.sh: setup and the seeded build $((t1 - t0)) s"
@@ -23,4 +37,7 @@ if [ "${PYTURBO_SKIP_PORTABLE:-0}" != 1 ]; then
     bash scripts/build_portable.sh
     echo "test.sh: portable-kernel builds (AArch64, no-AVX2) $(( $(date +%s) - t4 )) s"
 fi
-python3 -m pytest -q -ra --durations=15 tests "$@"
+rc=0
+python3 -m pytest -q -ra --durations=15 tests ${args[@]+"${args[@]}"} || rc=$?
+echo "test.sh: $(( $(date +%s) - t0 )) s in all"
+exit "$rc"

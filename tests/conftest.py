@@ -15,6 +15,20 @@ def pytest_report_header(config):
     return f"pyturbo build: {_paths.build_dir()}"
 
 
+# the tiers (pyproject.toml's markers): a test that takes one of these fixtures needs that build and
+# carries its marker even where the test forgot it, so `scripts/test.sh --quick`, which does not
+# build them, deselects it rather than letting it skip (or fail, under CI=true)
+TREE_MARKERS = {"seeded_build": "seeded", "vk_bin": "vulkan", "emulated_cuda": "cuda_emulation"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture, marker in TREE_MARKERS.items():
+            if fixture in getattr(item, "fixturenames", ()) and not item.get_closest_marker(marker):
+                item.add_marker(marker)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def fetched_data() -> dict[str, Path]:
     """The real data (the models, botchan.txt), downloaded once before the first test: pyturbo's
@@ -40,7 +54,7 @@ def seeded_build(build_info) -> tuple[Path, str]:
     PYTURBO_SIGN_SEED; missing, the test skips, except under CI=true, where it fails."""
     import os
 
-    from pyturbo.lab.signs import parse_seed
+    from pyturbo.format.signs import parse_seed
     path = _paths.build_dirs()["PYTURBO_SEEDED_BUILD_DIR"]
     info = path / "pyturbo-build.json"
     seed = json.loads(info.read_text()).get("sign_seed", "") if info.exists() else ""

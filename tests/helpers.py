@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from pyturbo import codec, data
-from pyturbo.lab import reference
+from pyturbo.format import reference
 from pyturbo.bench import local_server
 from pyturbo.bench.local_server import free_port, post_json  # noqa: F401 (for the test modules)
 
@@ -22,8 +22,8 @@ D = 128  # values per turboq group
 ENGINES = ["llama-server", "python"]
 
 
-def _main_job() -> tuple[str, ...]:
-    """The cache flags that scripts/serve.sh gives `python -m server` (the main job's one definition)."""
+def _recommended() -> tuple[str, ...]:
+    """The cache flags that scripts/serve.sh gives `python -m server` (the recommended configuration's one definition)."""
     line = next(ln for ln in (ROOT / "scripts" / "serve.sh").read_text().splitlines()
                 if ln.startswith("exec python3 -m server "))
     argv = [x for a in shlex.split(line)[4:] for x in a.split("=", 1)]
@@ -36,7 +36,7 @@ def _main_job() -> tuple[str, ...]:
     return out
 
 
-MAIN_JOB = _main_job()
+RECOMMENDED = _recommended()
 
 
 # ---- servers (`python -m server`) ----

@@ -1,5 +1,5 @@
-"""The generated sources: the C/GLSL tables from pyturbo.lab.codebook (the codebooks being what the
-paper prescribes) and the CUDA flash-attention instances from pyturbo.lab.cuda_instances."""
+"""The generated sources: the C/GLSL tables from pyturbo.format.codebook (the codebooks being what the
+paper prescribes) and the CUDA flash-attention instances from pyturbo.format.cuda_instances."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,19 +7,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyturbo.lab import codebook, cuda_instances
+from pyturbo.format import codebook, cuda_instances
 
 
 def test_header_is_regenerated_identically():
     for path, text in codebook.generated_files().items():
-        assert path.read_text() == text, f"{path.name} is stale: run `python -m pyturbo.lab.codebook --write` and commit it"
+        assert path.read_text() == text, f"{path.name} is stale: run `python -m pyturbo.format.codebook --write` and commit it"
 
 
 def test_cuda_instances_are_regenerated_identically_and_dispatched():
     """The instance files and their case list (fattn-turboq-cases.inc) are the generator's; the cuda
     patch (22) builds every instance file, and turboq.cu declares and dispatches the case list."""
     for path, text in cuda_instances.generated_files().items():
-        assert path.read_text() == text, f"{path.name} is stale: run `python -m pyturbo.lab.cuda_instances --write`"
+        assert path.read_text() == text, f"{path.name} is stale: run `python -m pyturbo.format.cuda_instances --write`"
     on_disk = set(cuda_instances.DIR.glob("fattn-turboq-instance-*.cu"))
     assert on_disk == {p for p in cuda_instances.generated_files() if p.parent == cuda_instances.DIR}, \
         "instance files that the generator does not write would be built too"
@@ -64,7 +64,7 @@ def test_signs_are_balanced_and_fixed():
 def test_a_seeded_tree_swaps_only_the_sign_blocks():
     """prepare.py's seeding (cmake -DPYTURBO_SIGN_SEED) replaces the shipped sign block of each
     generated table with the seed's, and nothing else; the C block names the seed."""
-    from pyturbo.lab import signs
+    from pyturbo.format import signs
     for path, glsl in ((codebook.HEADER_PATH, False), (codebook.GLSL_PATH, True)):
         text = path.read_text()
         seeded = signs.seeded(text, 7, glsl)
@@ -87,13 +87,14 @@ def test_prepare_refuses_a_bad_seed(tmp_path):
         assert r.returncode == 2 and why in r.stderr and not (tmp_path / "t").exists(), r.stderr
 
 
+@pytest.mark.seeded
 def test_a_seeded_build_compiles_its_signs_for_every_backend(seeded_build):
     """The seeded build's ggml-base reports its seed and uses its signs, and the tree it compiled
     (CPU, CUDA: the C header; Vulkan: the GLSL) carries them."""
     import json
     import subprocess
     import sys
-    from pyturbo.lab import signs
+    from pyturbo.format import signs
     bin_dir, seed = seeded_build
     probe = r"""
 import ctypes, json, sys

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from pyturbo import attention, codec
-from pyturbo.lab import reference
-from pyturbo.lab.codebook import theoretical_vector_mse
+from pyturbo.format import reference
+from pyturbo.format.codebook import theoretical_vector_mse
 from pyturbo.types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
 from helpers import special_groups
 

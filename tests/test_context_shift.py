@@ -61,7 +61,8 @@ MODELS = {"tiny-llama-hd128": lambda: data.tiny_model(head_dim=128), "gemma3-270
           "tiny-mla-k576": data.tiny_mla_model}  # MLA: RoPE on the last 64 of K's 576 values, in 64-value groups
 
 
-@pytest.mark.parametrize("model_name", list(MODELS))
+@pytest.mark.parametrize("model_name", [pytest.param(m, marks=pytest.mark.slow) if m == "gemma3-270m" else m
+                                        for m in MODELS])
 @pytest.mark.parametrize("t", ["turboq8", "turboq4", "turboq3"])
 def test_turboq_cache_shifts_like_f16(build_info, model_name, t):
     model = str(MODELS[model_name]())

@@ -21,10 +21,12 @@ import numpy as np
 import pytest
 
 from pyturbo import _paths
-from pyturbo.lab import reference
+from pyturbo.format import reference
 from pyturbo.types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
 
 from helpers import causal_mask, decoded, special_groups  # tests/ is on sys.path (pytest prepend mode)
+
+pytestmark = pytest.mark.cuda_emulation
 
 HARNESS = Path(__file__).resolve().parent / "harness" / "turboq_cuda_emulation.cpp"
 

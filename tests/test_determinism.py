@@ -2,7 +2,7 @@
 
 A turboq K cache is centered on the model's calibrated K mean (llama-turboq-center.h), which no request
 can change. Before, the mean came from whichever ubatch first reached the empty cache, so the
-main job's server gave 5 distinct greedy answers to 6 identical requests. Each case here is run
+recommended configuration's server gave 5 distinct greedy answers to 6 identical requests. Each case here is run
 with an f16 cache too: where f16 gives one answer (or bit-identical logits), so must turboq.
 """
 from __future__ import annotations
@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 
 from pyturbo import data
-from helpers import MAIN_JOB, free_port, k_records, last_logits, post, server_cmd, start, stop, wait_healthy
+from helpers import RECOMMENDED, free_port, k_records, last_logits, post, server_cmd, start, stop, wait_healthy
+
+pytestmark = pytest.mark.slow  # Gemma 3 270M: its servers and contexts
 
 QUESTION = "The capital of France is"
 OTHERS = ["Ever since I was a child,", "1, 2, 3, 4, 5,", "The recipe calls for"]
 CACHES = {"f16": ("-ctk", "f16", "-ctv", "f16"), "q8_0": ("-ctk", "q8_0", "-ctv", "q8_0"),
-          "turboq3": ("-ctk", "turboq3", "-ctv", "turboq3"), "main job": MAIN_JOB}
+          "turboq3": ("-ctk", "turboq3", "-ctv", "turboq3"), "recommended": RECOMMENDED}
 
 
 def long_prompt() -> str:
@@ -26,7 +28,7 @@ def long_prompt() -> str:
 
 
 def serve(cache: str):
-    """The main job's server shape: 4 slots sharing one cache (llama-server's defaults otherwise)."""
+    """The recommended configuration's server shape: 4 slots sharing one cache (llama-server's defaults otherwise)."""
     port = free_port()
     proc = start(server_cmd("llama-server", port, *CACHES[cache], "--n-ctx", "2048", "--parallel", "4"))
     url = f"http://127.0.0.1:{port}"
@@ -57,7 +59,7 @@ def complete(url: str, prompt: str | list[str], n: int = 24, **fields) -> list[s
 def test_the_same_request_gets_the_same_answer(server):
     """Six times in a row, then after an unrelated long prompt; and on a second server whose
     first request was a chat turn (the old mean came from a server's first request, and this
-    one changed the main job's answer)."""
+    one changed the recommended configuration's answer)."""
     name, url = server
     answers = [complete(url, QUESTION)[0] for _ in range(6)]
     complete(url, long_prompt(), 8)

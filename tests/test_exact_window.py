@@ -14,6 +14,7 @@ def window(w: int) -> tuple[str, ...]:
     return ("--kv-exact-window", str(w))
 
 
+@pytest.mark.slow
 def test_one_ubatch_reads_what_the_debug_tail_reads(build_info, short_text, tmp_path):
     """With each chunk in one ubatch, every window lies in the ubatch at hand, so the window reads
     the rows that TURBOQ_EXACT_TAIL reads, in the same order: the same bits. The window must also
@@ -50,7 +51,7 @@ def test_a_window_over_the_whole_chunk_is_the_f16_cache(tiny128, short_text, tmp
     base = tmp_path / "f16.kld"
     ref = perplexity(tiny128, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
     got = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, kld_base=base,
-                     env={"TURBOQ_K_CENTER": "0"}, extra=(*window(256), "-ub", "64"))
+                     env={"LLAMA_ARG_KV_K_CENTER": "off"}, extra=(*window(256), "-ub", "64"))
     assert got.ppl == pytest.approx(ref.ppl, rel=1e-5)
     assert got.kld is not None and abs(got.kld) < 1e-6 and got.same_top == 100.0
 
@@ -69,7 +70,7 @@ def test_through_the_copy_a_window_over_the_whole_chunk_is_the_f16_cache(tiny128
     ref = perplexity(tiny128, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True,
                      extra=("-ub", ubatch))
     got = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, kld_base=base,
-                     env={**COPY, "TURBOQ_K_CENTER": "0"}, extra=(*window(256), "-ub", ubatch))
+                     env={**COPY, "LLAMA_ARG_KV_K_CENTER": "off"}, extra=(*window(256), "-ub", ubatch))
     assert "read exact (F16 rows after an F16 copy of the cache, a margin of 16)" in got.log
     assert got.ppl == pytest.approx(ref.ppl, rel=1e-6)
     assert got.kld is not None and abs(got.kld) < 1e-6 and got.kld_p999 < 1e-4 and got.same_top == 100.0
@@ -106,6 +107,7 @@ def test_a_bad_window_is_refused_by_the_tools_and_python(Llama, tiny128, short_t
               verbose=False)
 
 
+@pytest.mark.slow
 def test_the_server_answers_the_same_with_a_window(build_info):
     """Two slots, a window of 16, greedy answers longer than the window's 16-row margin: a re-asked
     prompt finds its window gone from the slot (the answer pushed it out), so the server processes
@@ -181,7 +183,7 @@ def test_several_sequences_keep_their_own_windows(tiny128, short_text, layout):
     """Two chunks decoded side by side, in a cache per sequence or in one shared cache: each
     sequence reads its own window, so the perplexity is that of one chunk at a time. K centering
     is off: a shared cache's sequences span its 512 cells, which its K mean is fitted to."""
-    uncentered = {"TURBOQ_K_CENTER": "0"}
+    uncentered = {"LLAMA_ARG_KV_K_CENTER": "off"}
     one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=4, env=uncentered,
                      extra=(*window(16), "-ub", "64"))
     two = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=4, env=uncentered,

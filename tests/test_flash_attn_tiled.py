@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pyturbo import attention, codec
-from pyturbo.lab.reference import attention as numpy_attention
+from pyturbo.format.reference import attention as numpy_attention
 from pyturbo.types import cache_type
 from helpers import causal_mask
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from pyturbo.lab import reference
+from pyturbo.format import reference
 from pyturbo.types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
 
 HARNESS = Path(__file__).resolve().parent / "harness" / "turboq_fuzz.c"

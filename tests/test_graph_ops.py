@@ -11,7 +11,7 @@ import ctypes as C
 import numpy as np
 import pytest
 
-from pyturbo.lab import reference
+from pyturbo.format import reference
 from pyturbo.ggml import InitParams
 from pyturbo.types import TRELLIS_TYPES, TURBOQ_TYPES, cache_type
 from helpers import special_groups

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from pyturbo import attention, codec, data
-from pyturbo.lab import reference
-from pyturbo.lab.codebook import lloyd_max
+from pyturbo.format import reference
+from pyturbo.format.codebook import lloyd_max
 from pyturbo.bench.cpu import config_bpw, parse_config
 from pyturbo.layer_adaptive import layer_cache_types, policies, stored_type
 from pyturbo.memory import kv_bytes, kv_geometry
@@ -29,13 +29,13 @@ from pyturbo.types import TURBOQ_G16_TYPES, TURBOQ_G32_TYPES, TURBOQ_G64_TYPES, 
 from helpers import last_logits
 
 
-# pyturbo.lab.reference's description of the small layouts, as numbers: values per qs byte stride
+# pyturbo.format.reference's description of the small layouts, as numbers: values per qs byte stride
 # (turboq2/3), per qh byte stride (turboq3), per nibble stride (turboq4)
 _SPELLED = {32: (8, 4, 16), 16: (4, 2, 8)}
 
 
 def _spelled_out_blocks(name: str, norms: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """The _g32 and _g16 block layouts written out byte by byte from their description (pyturbo.lab.reference)."""
+    """The _g32 and _g16 block layouts written out byte by byte from their description (pyturbo.format.reference)."""
     q, e, h = _SPELLED[cache_type(name).block_size]
     out = []
     for nb, ix in zip(norms, idx):
@@ -100,7 +100,7 @@ def test_roundtrip_error_matches_the_twin_codebook(lib, bits, g, tol):
 
 
 def _mse_with_128_codebook(bits, u):
-    from pyturbo.lab import codebook
+    from pyturbo.format import codebook
     y = reference.rotate(u)
     c = codebook.codebooks()[f"turboq{bits}"][np.searchsorted(codebook.thresholds()[f"turboq{bits}"], y)]
     c = c / np.linalg.norm(c, axis=1, keepdims=True)
@@ -231,6 +231,7 @@ def smollm2_runs(smollm2, short_text, tmp_path_factory):
     return kld_runs(smollm2, short_text, tmp_path_factory.mktemp("kld-smol"), "smollm2-135m", SMOL_TYPES, 256, 6)
 
 
+@pytest.mark.slow
 def test_smollm2_turboq_quality_is_ordered_by_bits(smollm2_runs):
     kld = {t: smollm2_runs[t].kld for t in SMOL_TYPES}
     assert kld["turboq8"] < kld["turboq4"] < kld["turboq3"] < kld["turboq2"]
@@ -243,6 +244,7 @@ def test_smollm2_turboq_quality_is_ordered_by_bits(smollm2_runs):
     assert all(np.isfinite(r.ppl) for r in smollm2_runs.values())
 
 
+@pytest.mark.slow
 def test_smollm2_kv_bytes_are_the_64_value_layout(smollm2, smollm2_runs):
     for t in SMOL_TYPES:
         assert smollm2_runs[t].kv_mib == pytest.approx(kv_bytes(smollm2, 256, t, t) / 2**20, abs=0.011), t
@@ -391,10 +393,10 @@ def test_mla_bits_per_value_count_k_alone(mla_model):
     assert geo.mla and (geo.head_dim_k, geo.head_dim_v) == (576, 512)
     assert config_bpw(geo.n_layer, "turboq3", "turboq3", {}, 4096, 576, 512, mla=True) == 3.25
     # mode 3: one of the 2 layers keeps a q8_0 K (8.5 bits per value); MLA has no V to average in
-    mode3 = config_bpw(geo.n_layer, "turboq3", "turboq3", {"TURBO_LAYER_ADAPTIVE": "3"}, 4096, 576, 512, mla=True)
+    mode3 = config_bpw(geo.n_layer, "turboq3", "turboq3", {"LLAMA_ARG_LAYER_ADAPTIVE": "3"}, 4096, 576, 512, mla=True)
     assert mode3 == pytest.approx((3.25 + 8.5) / 2)
     # modes 5-7 set only V types, which MLA does not cache
-    assert config_bpw(geo.n_layer, "turboq3", "turboq3", {"TURBO_LAYER_ADAPTIVE": "5"}, 4096, 576, 512, mla=True) == 3.25
+    assert config_bpw(geo.n_layer, "turboq3", "turboq3", {"LLAMA_ARG_LAYER_ADAPTIVE": "5"}, 4096, 576, 512, mla=True) == 3.25
     with pytest.raises(ValueError, match="refused on MLA"):
         kv_bytes(mla_model, 4096, "turboq3", "turboq3", exact_window=64)
 
@@ -416,8 +418,8 @@ def test_mla_layer_adaptive_modes(mla_model, short_text, mode):
         assert "layer-adaptive mode 5 sets only V types, and this model (MLA) caches no V" in out
 
 
-@pytest.mark.parametrize("model_fixture,type_v", [("smollm2", "turboq4"), ("mla_model", "turboq3"),
-                                                  ("tiny96", "turboq4"), ("tiny80", "turboq2")])
+@pytest.mark.parametrize("model_fixture,type_v", [pytest.param("smollm2", "turboq4", marks=pytest.mark.slow),
+                                                  ("mla_model", "turboq3"), ("tiny96", "turboq4"), ("tiny80", "turboq2")])
 def test_pyturbo_llama_restores_state_bit_identically(Llama, request, model_fixture, type_v):
     # SmolLM2 (head size 64), the tiny MLA model (K of 576, V its view, so V is K's type) and tiny
     # models of head sizes 96 and 80 (the _g32 and _g16 twins)
@@ -441,6 +443,7 @@ def test_pyturbo_llama_restores_state_bit_identically(Llama, request, model_fixt
     assert a == b and len(llm.tokenize(a.encode(), add_bos=False)) > 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["llama-server", "python"])
 def test_server_serves_smollm2_with_turboq(smollm2, engine):
     """python -m server on a head_dim-64 model with turboq3/turboq4: the same greedy answer twice,

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from pyturbo import codec, data, layer_adaptive
-from pyturbo.lab import reference
-from pyturbo.types import TRELLIS_ENV, TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
+from pyturbo.format import reference
+from pyturbo.types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
 
 from helpers import special_groups  # tests/ is on sys.path (pytest prepend mode)
 
@@ -149,15 +149,17 @@ def test_other_head_sizes_pad_the_row_to_whole_blocks(rng):
 
 def test_trellis_types_are_llama_cpps_bytes_and_refused_where_llama_cpp_refuses_them(rng, monkeypatch):
     """turboq3t K / turboq2t V on 2 heads of 128: the stored rows are the reference's (and so the C
-    codec's) bytes; like libllama, the cache takes them only with PYTURBO_TRELLIS=1 and refuses them
-    at a head size that is not a multiple of 128, naming the released type."""
+    codec's) bytes; like libllama, the cache takes them only where the build does (-DPYTURBO_TRELLIS=ON)
+    and refuses them at a head size that is not a multiple of 128, naming the released type."""
+    from pyturbo import types
     b, h, t, d = 1, 2, 5, 128
     k = torch.from_numpy((rng.standard_normal((b, h, t, d)) * 3).astype(np.float32))
     v = torch.from_numpy(rng.standard_normal((b, h, t, d)).astype(np.float32))
-    monkeypatch.delenv(TRELLIS_ENV, raising=False)
-    with pytest.raises(ValueError, match=f"{TRELLIS_ENV}=1"):
+    assert types.trellis_built()  # scripts/setup.sh's build
+    monkeypatch.setattr(types, "trellis_built", lambda: False)  # as a build without the option answers
+    with pytest.raises(ValueError, match="configure with -DPYTURBO_TRELLIS=ON.*'turboq3' is its released equivalent"):
         TurboQuantLayer("turboq3t", "turboq3")
-    monkeypatch.setenv(TRELLIS_ENV, "1")
+    monkeypatch.undo()
     layer = TurboQuantLayer("turboq3t", "turboq2t", k_center=False)
     k_out, v_out = layer.update(k, v)
     assert layer.keys.shape == (b, t, h * 50) and layer.values.shape == (b, t, h * 34)
@@ -218,8 +220,9 @@ def test_layer_adaptive_types_are_libllama_table(mode):
         assert layer_cache_types(n_layer, "turboq3", "turboq4", mode) == [p.types(b, "turboq3", "turboq4") for b in ends]
 
 
+@pytest.mark.slow
 def test_layer_adaptive_3_on_gemma_picks_llama_cpp_layers(gemma_lm):
-    # README: on Gemma 3 270M mode 3 puts q8_0 K on layers 11 and 5, mode 4 turboq4 K on the
+    # docs/usage.md: on Gemma 3 270M mode 3 puts q8_0 K on layers 11 and 5, mode 4 turboq4 K on the
     # layers without a sliding window (5, 11, 17), as test_llama_tools reads llama.cpp's log
     gains = k_gains_from_gguf(gemma_lm.gguf)
     cache = TurboQuantCache(gemma_lm.model.config, "turboq3", "turboq4", 3, gains)
@@ -245,6 +248,7 @@ def prompt_ids(lm, n: int) -> torch.Tensor:
     return torch.tensor([lm.tokenize(text)[:n]])
 
 
+@pytest.mark.slow
 def test_memory_drops(gemma_lm):
     from transformers import DynamicCache
 
@@ -277,6 +281,7 @@ SKIP = 8
 LOGITS_TOLERANCES = (("turboq8", 0.01, 0.95), ("turboq4", 0.8, 0.6), ("turboq3", 3.0, 0.4))
 
 
+@pytest.mark.slow
 def test_generation_with_the_cache_and_logits_close_to_f32(gemma_lm):
     """Greedy decoding through TurboQuantCache, then the logits of that text, teacher-forced through
     the cache, against a DynamicCache (f32 K/V) at every position past the first SKIP. KLD is averaged
@@ -309,6 +314,7 @@ def test_generation_with_the_cache_and_logits_close_to_f32(gemma_lm):
         assert gen.shape == (1, ids.shape[1] + 8)
 
 
+@pytest.mark.slow
 def test_smollm2_head_dim_64(smollm2_lm):
     lm = smollm2_lm
     cfg = lm.model.config
@@ -334,22 +340,20 @@ def test_smollm2_head_dim_64(smollm2_lm):
 # - the relative PPL increase of turboq3 over f16 differs between the two by at most
 #   INCREASE_TOL. Both run the same codec on slightly different K/V (the weights differ), so their
 #   quantization errors are two draws of the same noise. Over 5 rotation seeds on 8 chunks the
-#   transformers increase had a standard deviation of SEED_SD (README); 4 chunks hold half the
+#   transformers increase had a standard deviation of SEED_SD (docs/transformers.md); 4 chunks hold half the
 #   tokens, so about sqrt(2) times that, and the tolerance is 3 sigma of the difference of two draws.
 SEED_SD = 0.016
 INCREASE_TOL = 3 * math.sqrt(2) * math.sqrt(2) * SEED_SD
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,type_name", [("gemma_lm", "turboq3"), ("smollm2_lm", "turboq3"), ("gemma_lm", "turboq3t")])
 def test_ppl_cross_check_with_llama_cpp(model, type_name, request, monkeypatch):
     """Gemma 3 (head_dim 256, 128-value groups) and SmolLM2 (head_dim 64: the _g64 twins on both sides);
-    the trellis type turboq3t on Gemma (PYTURBO_TRELLIS=1 on both sides)."""
+    the trellis type turboq3t on Gemma (the build takes it: -DPYTURBO_TRELLIS=ON)."""
     from pyturbo.tools import llama_perplexity
 
     env = {"TURBOQ_K_BALANCE": "0"}  # the same scheme on both sides: the transformers cache centers K but has no channel scale
-    if type_name in TRELLIS_TYPES:
-        monkeypatch.setenv(TRELLIS_ENV, "1")
-        env[TRELLIS_ENV] = "1"
     lm = request.getfixturevalue(model)
     chunks = 4
     text = data.corpus_slice(12000)

@@ -9,7 +9,6 @@ Runs on the low-level API with two sequences in one unified cache (tiny head_dim
 from __future__ import annotations
 
 import ctypes
-import os
 
 import numpy as np
 import pytest
@@ -48,7 +47,7 @@ def gemma(lc):
 
 
 class Ctx:
-    def __init__(self, lc, model, t: str, center: bool = True, n_ctx: int = N_CTX):
+    def __init__(self, lc, model, t: str, n_ctx: int = N_CTX):
         from pyturbo.types import cache_type
         self.lc = lc
         p = lc.llama_context_default_params()
@@ -57,15 +56,7 @@ class Ctx:
         p.type_k = p.type_v = cache_type(t).ggml_id
         p.flash_attn_type = 1
         p.n_threads = p.n_threads_batch = 2
-        old = os.environ.get("TURBOQ_K_CENTER")
-        os.environ["TURBOQ_K_CENTER"] = "1" if center else "0"
-        try:
-            self.ctx = lc.llama_init_from_model(model, p)
-        finally:
-            if old is None:
-                del os.environ["TURBOQ_K_CENTER"]
-            else:
-                os.environ["TURBOQ_K_CENTER"] = old
+        self.ctx = lc.llama_init_from_model(model, p)
         assert self.ctx
         self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
         self.pos = {0: 0, 1: 0}
@@ -130,6 +121,7 @@ def test_restore_into_empty_cache_is_bit_identical(lc, model, t):
     np.testing.assert_array_equal(b.eval(0, nxt), want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("t", ["turboq8", "turboq3"])
 def test_restore_beside_another_sequence_is_bit_identical(lc, gemma, t):
     """Every sequence shares the model's mean, so a sequence restored beside another one reads
@@ -162,10 +154,17 @@ def restore_log(ctx: Ctx, state: bytes, n_pos: int) -> tuple[bool, str]:
 
 
 def test_state_without_the_mean_is_refused(lc, model):
+    """A state saved from the same weights with K centering off (the GGUF's turboq.k_center=false)
+    has no mean records: a centered cache refuses it."""
     prompt, _, _ = prompts(lc, model)
-    a = Ctx(lc, model, "turboq3", center=False)
-    a.eval(0, prompt)
-    state = a.save(0)
+    uncentered = load(lc, data.tiny_model(head_dim=128, k_center=False))
+    try:
+        a = Ctx(lc, uncentered, "turboq3")
+        a.eval(0, prompt)
+        state = a.save(0)
+        del a
+    finally:
+        lc.llama_model_free(uncentered)
     b = Ctx(lc, model, "turboq3")
     ok, log = restore_log(b, state, len(prompt))
     assert not ok
@@ -225,6 +224,7 @@ def test_the_mean_is_the_models_not_the_requests(lc, model):
     assert states[0] and states[0] == states[1]
 
 
+@pytest.mark.slow
 def test_channel_scale_is_per_rope_pair_and_off_with_the_debug_switch(lc, gemma, monkeypatch):
     """Gemma 3 (NEOX RoPE over all 256 channels, one KV head): each record is the mean, then a
     channel scale that is equal on the two channels of a RoPE pair and has a geometric mean of 1.
@@ -262,6 +262,7 @@ def rope_mean_factor(theta: np.ndarray, span: int) -> np.ndarray:
     return np.exp(1j * np.outer(theta, p)).mean(axis=1)
 
 
+@pytest.mark.slow
 def test_the_mean_fits_the_contexts_positions_not_the_calibrations(lc, gemma):
     """The calibration sees positions 0..511, but a key is centered at any position of the context.
     Each RoPE pair's calibrated mean is turned back to position 0 and spread over the positions a

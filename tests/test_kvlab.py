@@ -14,7 +14,8 @@ import pytest
 from helpers import ROOT
 
 from pyturbo import data
-from pyturbo.lab import kvlab, reference
+from pyturbo.format import reference
+from pyturbo.lab import kvlab
 from pyturbo.lab.kvlab import Variant
 
 
@@ -24,6 +25,7 @@ def chunks(build_info, tmp_path_factory):
     return kvlab.load(out)
 
 
+@pytest.mark.slow
 def test_dump_has_every_layer_post_rope(chunks):
     ch = chunks[0]
     assert {f"{w}{il}" for w in "qkv" for il in range(18)} <= set(ch)
@@ -31,6 +33,7 @@ def test_dump_has_every_layer_post_rope(chunks):
     assert all(np.isfinite(a).all() for a in ch.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_lab_codec_is_the_c_codec(chunks, bits):
     k = chunks[0]["k5"][:64]
@@ -40,6 +43,7 @@ def test_lab_codec_is_the_c_codec(chunks, bits):
     np.testing.assert_allclose(lab, c, rtol=0, atol=2e-3 * np.abs(k).max())
 
 
+@pytest.mark.slow
 def test_lab_orders_configurations_as_end_to_end_kld(chunks):
     """End to end (40 chunks): turboq4 centered 0.058 < q4_0 0.109 < turboq4 uncentered 0.163 <
     turboq3 centered 0.208 < turboq3 uncentered 0.473."""
@@ -53,13 +57,14 @@ def test_lab_orders_configurations_as_end_to_end_kld(chunks):
 def test_smaller_groups_use_the_codebook_of_their_dimension(bits):
     """The lab's Lloyd-Max for another group size, at 128, is the shipped codebook (to its grid);
     at 64 it is another one (a coordinate of a 64-vector spreads sqrt(2) wider)."""
-    from pyturbo.lab.codebook import codebooks
+    from pyturbo.format.codebook import codebooks
     c128, _ = kvlab._lloyd_max(128, bits)
     np.testing.assert_allclose(c128, codebooks()[f"turboq{bits}"], rtol=0, atol=1e-4)
     c64, _ = kvlab._lloyd_max(64, bits)
     assert np.all(np.abs(c64 / c128 - np.sqrt(2)) < 0.03)
 
 
+@pytest.mark.slow
 def test_a_window_that_covers_the_context_is_exact(chunks):
     """replay with `recent` >= the chunk: every query reads every key and value exact."""
     ch = chunks[0]
@@ -75,7 +80,7 @@ def test_trellis_viterbi_finds_the_best_path():
     """Against every code sequence of a short group (2 bits a value, 2^4 states, 5 values)."""
     import itertools
 
-    from pyturbo.lab import trellis
+    from pyturbo.format import trellis
 
     rng = np.random.default_rng(3)
     cb = rng.standard_normal(16)
@@ -111,10 +116,10 @@ def trellis_c(tmp_path_factory):
 @pytest.mark.parametrize("bits", [3, 2])
 @pytest.mark.parametrize("codebook", ["gaussian", "coarse"])
 def test_trellis_encoder_in_c_takes_the_labs_paths(trellis_c, impl, L, bits, codebook):
-    """The C encoders (plain, AVX2, AVX-512; 256 states or 64) return pyturbo.lab.trellis.viterbi's states bit for
+    """The C encoders (plain, AVX2, AVX-512; 256 states or 64) return pyturbo.format.trellis.viterbi's states bit for
     bit: the same float32 operations in the same order, and the first minimum where path costs
     tie, which a codebook of few distinct values makes common."""
-    from pyturbo.lab import trellis
+    from pyturbo.format import trellis
 
     rng = np.random.default_rng(11 + bits)
     cb = rng.standard_normal(1 << L).astype(np.float32)
@@ -131,7 +136,7 @@ def test_trellis_encoder_in_c_takes_the_labs_paths(trellis_c, impl, L, bits, cod
 
 
 def test_trellis_beats_the_scalar_codebook_at_the_same_bits():
-    from pyturbo.lab import trellis
+    from pyturbo.format import trellis
 
     rng = np.random.default_rng(1)
     g = rng.standard_normal((256, 128))

@@ -66,9 +66,10 @@ def test_invalid_layer_adaptive_mode(Llama, tiny128):
         make(Llama, tiny128, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive=8)
 
 
-def decode_logits(Llama, path: str, k: str, v: str, tokens: list[int], n_prompt: int) -> np.ndarray:
+def decode_logits(Llama, path: str, k: str, v: str, tokens: list[int], n_prompt: int,
+                  k_center: bool | None = None) -> np.ndarray:
     """Logits of the decode steps: the prompt in one batch, then one token per eval (teacher-forced)."""
-    llm = make(Llama, path, cache_type_k=k, cache_type_v=v, flash_attn=True, logits_all=True)
+    llm = make(Llama, path, cache_type_k=k, cache_type_v=v, flash_attn=True, logits_all=True, k_center=k_center)
     llm.eval(tokens[:n_prompt])
     for t in tokens[n_prompt:]:
         llm.eval([t])
@@ -86,38 +87,37 @@ def mean_kld(ref: np.ndarray, x: np.ndarray) -> float:
 @pytest.fixture(scope="module")
 def decode_klds(Llama, gemma):
     """Mean KLD vs f16 of 64 teacher-forced decode steps after a 256-token prompt (botchan.txt)."""
-    import os
     llm = make(Llama, gemma, vocab_only=True)
     tokens = llm.tokenize(data.corpus().read_text(encoding="utf-8")[:8000].encode())[:256 + 64]
     del llm
     ref = decode_logits(Llama, gemma, "f16", "f16", tokens, 256)
     out = {}
-    for name, k, v, center in (("q8_0", "q8_0", "q8_0", "1"), ("q4_0", "q4_0", "q4_0", "1"),
-                               ("turboq8", "turboq8", "turboq8", "1"), ("turboq4", "turboq4", "turboq4", "1"),
-                               ("turboq3", "turboq3", "turboq3", "1"), ("turboq3 uncentered", "turboq3", "turboq3", "0")):
-        os.environ["TURBOQ_K_CENTER"] = center
-        try:
-            out[name] = mean_kld(ref, decode_logits(Llama, gemma, k, v, tokens, 256))
-        finally:
-            del os.environ["TURBOQ_K_CENTER"]
+    for name, k, v, center in (("q8_0", "q8_0", "q8_0", True), ("q4_0", "q4_0", "q4_0", True),
+                               ("turboq8", "turboq8", "turboq8", True), ("turboq4", "turboq4", "turboq4", True),
+                               ("turboq3", "turboq3", "turboq3", True), ("turboq3 uncentered", "turboq3", "turboq3", False)):
+        out[name] = mean_kld(ref, decode_logits(Llama, gemma, k, v, tokens, 256, k_center=center))
         print(f"decode KLD vs f16, {name}: {out[name]:.5f}")
     return out
 
 
+@pytest.mark.slow
 def test_turboq8_decode_is_as_close_to_f16_as_q8_0(decode_klds):
     # teacher-forced, so a near-tie cannot fork the text; bound: q8_0's KLD with 50% margin
     assert decode_klds["turboq8"] <= 1.5 * decode_klds["q8_0"] + 1e-3
 
 
+@pytest.mark.slow
 def test_turboq4_decode_beats_q4_0(decode_klds):
     assert decode_klds["turboq4"] < decode_klds["q4_0"]
 
 
+@pytest.mark.slow
 def test_k_centering_cuts_turboq3_error(decode_klds):
     # measured about 2x on this model; fails if centering is lost on the decode path
     assert decode_klds["turboq3"] < 0.7 * decode_klds["turboq3 uncentered"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("t", ["turboq3", "turboq4"])
 def test_save_load_state_roundtrips(Llama, gemma, t):
     llm = make(Llama, gemma, cache_type_k=t, cache_type_v=t)
@@ -138,6 +138,7 @@ def test_save_load_state_roundtrips(Llama, gemma, t):
         assert llm.sample(top_k=1, temp=0.0) == tokens[i + 1]
 
 
+@pytest.mark.slow
 def test_layer_adaptive_sets_per_layer_types_and_does_not_leak(Llama, gemma, capfd):
     llm = make(Llama, gemma, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive=7, verbose=True)
     err = capfd.readouterr().err
@@ -154,12 +155,13 @@ def test_layer_adaptive_sets_per_layer_types_and_does_not_leak(Llama, gemma, cap
     del llm, other, third
 
 
+@pytest.mark.slow
 def test_layer_adaptive_is_a_kv_override(Llama, gemma, capfd, monkeypatch):
     """layer_adaptive= is the model key turboq.layer_adaptive; plain llama-cpp-python reaches it
-    with kv_overrides, and libllama never reads TURBO_LAYER_ADAPTIVE (an alias of the tools'
+    with kv_overrides, and libllama never reads LLAMA_ARG_LAYER_ADAPTIVE (an alias of the tools'
     --layer-adaptive only)."""
     import llama_cpp
-    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "1")
+    monkeypatch.setenv("LLAMA_ARG_LAYER_ADAPTIVE", "1")
     llm = llama_cpp.Llama(str(gemma), n_ctx=256, flash_attn=True, type_k=61, type_v=61, verbose=True,
                           kv_overrides={"turboq.layer_adaptive": 7})  # turboq3 = ggml type 61
     err = capfd.readouterr().err

@@ -30,7 +30,7 @@ def gemma_runs(gemma, short_text, tmp_path_factory):
     for t in TYPES[1:]:
         out[t] = perplexity(gemma, short_text, t, t, ctx=256, chunks=6, kld_base=base)
     out["turboq3 uncentered"] = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=6, kld_base=base,
-                                           env={"TURBOQ_K_CENTER": "0"})
+                                           env={"LLAMA_ARG_KV_K_CENTER": "off"})
     out["turboq3 unscaled"] = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=6, kld_base=base,
                                          env={"TURBOQ_K_BALANCE": "0"})
     out["turboq3 tail16"] = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=6, kld_base=base,
@@ -40,6 +40,7 @@ def gemma_runs(gemma, short_text, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_gemma_quality_order(gemma_runs):
     kld = {t: r.kld for t, r in gemma_runs.items() if t != "f16"}
     err = {t: r.kld_err for t, r in gemma_runs.items() if t != "f16"}
@@ -53,6 +54,7 @@ def test_gemma_quality_order(gemma_runs):
     assert all(math.isfinite(r.ppl) for r in gemma_runs.values())
 
 
+@pytest.mark.slow
 def test_gemma_quality_per_bit_against_mainline(gemma_runs):
     """The quality targets, against mainline types measured in the same run (issue 8): they fail
     if K centering (or anything else that earns them) is lost."""
@@ -67,6 +69,7 @@ def test_gemma_quality_per_bit_against_mainline(gemma_runs):
     assert kld["turboq3"] <= 1.6 * kld["q4_0"]                      # 3.125 bpw near 4.5 bpw
 
 
+@pytest.mark.slow
 def test_an_exact_tail_cuts_turboq3s_kld(gemma_runs):
     """TURBOQ_EXACT_TAIL=16 (issue 21's recent-token window, measured end to end): each query
     reads its sequence's last 16 positions exact. The lab measured -73% attention-output error
@@ -76,6 +79,7 @@ def test_an_exact_tail_cuts_turboq3s_kld(gemma_runs):
     assert kld["turboq3 tail16"] <= 0.5 * kld["turboq3"]
 
 
+@pytest.mark.slow
 def test_an_exact_tail_over_several_ubatches(gemma, short_text, tmp_path):
     """A chunk in four ubatches: each ubatch's layers attend over more cached rows than the last
     one's, through the tail's mask, which replaces the cache's own masks. Gemma's graph was once
@@ -100,11 +104,12 @@ def test_exact_rows_over_the_whole_chunk_are_the_f16_cache(switch, tiny128, shor
     base = tmp_path / "f16.kld"
     ref = perplexity(tiny128, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
     got = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, kld_base=base,
-                     env={"TURBOQ_K_CENTER": "0", switch: "256"})
+                     env={"LLAMA_ARG_KV_K_CENTER": "off", switch: "256"})
     assert got.ppl == pytest.approx(ref.ppl, rel=1e-5)
     assert got.kld is not None and abs(got.kld) < 1e-6 and got.same_top == 100.0
 
 
+@pytest.mark.slow
 def test_exact_rows_over_the_whole_chunk_make_the_cache_type_irrelevant(gemma, short_text, tmp_path):
     """Gemma (two caches: global and sliding-window layers, each with its own mask) with every
     position exact: no stored row is read, so turboq3/turboq2 and turboq4/turboq8 give the same
@@ -116,13 +121,14 @@ def test_exact_rows_over_the_whole_chunk_make_the_cache_type_irrelevant(gemma, s
     base = tmp_path / "f16.kld"
     perplexity(gemma, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
     q8 = perplexity(gemma, short_text, "q8_0", "q8_0", ctx=256, chunks=3, kld_base=base)
-    runs = [perplexity(gemma, short_text, k, v, ctx=256, chunks=3, kld_base=base, env={"TURBOQ_K_CENTER": "0", sw: "256"})
+    runs = [perplexity(gemma, short_text, k, v, ctx=256, chunks=3, kld_base=base, env={"LLAMA_ARG_KV_K_CENTER": "off", sw: "256"})
             for k, v, sw in [("turboq3", "turboq2", "TURBOQ_EXACT_TAIL"), ("turboq4", "turboq8", "TURBOQ_EXACT_TAIL"),
                              ("turboq3", "turboq2", "TURBOQ_EXACT_SINK")]]
     assert len({(r.ppl, r.kld, r.kld_p999) for r in runs}) == 1, [(r.ppl, r.kld) for r in runs]
     assert runs[0].kld < q8.kld, (runs[0].kld, q8.kld)
 
 
+@pytest.mark.slow
 def test_kld_median_and_p999_are_read(gemma_runs):
     # per-token KLD is right-skewed: median < mean < 99.9th percentile, for every cache type
     for t, r in gemma_runs.items():
@@ -132,6 +138,7 @@ def test_kld_median_and_p999_are_read(gemma_runs):
     assert gemma_runs["turboq2"].kld_p999 > gemma_runs["q8_0"].kld_p999
 
 
+@pytest.mark.slow
 def test_kv_buffer_matches_block_sizes(gemma_runs):
     f16 = gemma_runs["f16"].kv_mib
     assert gemma_runs["turboq3"].kv_mib == pytest.approx(f16 * 3.125 / 16, rel=0.01)
@@ -196,17 +203,17 @@ def test_llama_bench_accepts_turboq(tiny128):
 
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_invalid_layer_adaptive_mode_is_an_error(tiny128, short_text, monkeypatch, how):
-    """--layer-adaptive and its environment alias TURBO_LAYER_ADAPTIVE are checked when the
+    """--layer-adaptive and its environment alias LLAMA_ARG_LAYER_ADAPTIVE are checked when the
     arguments are parsed, against libllama's table."""
     from pyturbo import layer_adaptive
     extra = ("--layer-adaptive", "8") if how == "flag" else ()
     if how == "env":
-        monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "8")
+        monkeypatch.setenv("LLAMA_ARG_LAYER_ADAPTIVE", "8")
     r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128",
                  "-ctk", "turboq3", "-ctv", "turboq3", *extra, check=False)
     assert r.returncode > 0
     out = r.stderr + r.stdout
-    assert ("argument \"--layer-adaptive\"" if how == "flag" else "environment variable \"TURBO_LAYER_ADAPTIVE\"") in out
+    assert ("argument \"--layer-adaptive\"" if how == "flag" else "environment variable \"LLAMA_ARG_LAYER_ADAPTIVE\"") in out
     assert "'8' is not a layer-adaptive mode" in out
     # the C table is the truth; pyturbo reads its modes from the library, and they must be the ones it lists
     listed = re.search(r"valid modes are ([\d, ]+)", out).group(1)
@@ -225,14 +232,14 @@ def test_layer_adaptive_is_the_models_key(tiny128, short_text, monkeypatch):
     assert "turboq.layer_adaptive=8 (set by" in r.stderr + r.stdout and "is not a layer-adaptive mode" in r.stderr + r.stdout
     r = run_tool("llama-perplexity", *args, "--override-kv", "turboq.layer_adaptive=int:7")
     assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in r.stderr + r.stdout
-    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "1")
+    monkeypatch.setenv("LLAMA_ARG_LAYER_ADAPTIVE", "1")
     r = run_tool("llama-perplexity", *args, "--layer-adaptive", "7")
     assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in r.stderr + r.stdout
-    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "7")
+    monkeypatch.setenv("LLAMA_ARG_LAYER_ADAPTIVE", "7")
     r = run_tool("llama-perplexity", *args, "--layer-adaptive", "0")
     assert "layer-adaptive mode" not in r.stderr + r.stdout
     # the environment is read before the arguments: a later --override-kv of the key still wins
-    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "1")
+    monkeypatch.setenv("LLAMA_ARG_LAYER_ADAPTIVE", "1")
     r = run_tool("llama-perplexity", *args, "--override-kv", "turboq.layer_adaptive=int:7")
     assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in r.stderr + r.stdout
     r = run_tool("llama-perplexity", *args, "--override-kv", "turboq.layer_adaptive=int:4294967297", check=False)
@@ -241,7 +248,7 @@ def test_layer_adaptive_is_the_models_key(tiny128, short_text, monkeypatch):
 
 def test_layer_adaptive_from_the_gguf(short_text, monkeypatch):
     """A GGUF that holds the key gets its mode; an argument (or kv override) beats it."""
-    monkeypatch.delenv("TURBO_LAYER_ADAPTIVE", raising=False)
+    monkeypatch.delenv("LLAMA_ARG_LAYER_ADAPTIVE", raising=False)
     keyed = data.tiny_model(head_dim=128, layer_adaptive=7)
     args = ("-m", str(keyed), "-f", str(short_text), "-c", "128", "--chunks", "1", "-fa", "on", "-t", "2",
             "-ctk", "turboq3", "-ctv", "turboq3", "-lv", "4")
@@ -255,18 +262,110 @@ def test_layer_adaptive_from_the_gguf(short_text, monkeypatch):
 
 
 def test_llama_bench_reads_the_environment_alias(tiny128, monkeypatch):
-    """llama-bench has no --layer-adaptive; it reads TURBO_LAYER_ADAPTIVE, checked like the argument."""
+    """llama-bench has no --layer-adaptive; it reads LLAMA_ARG_LAYER_ADAPTIVE, checked like the argument."""
     args = ("-m", str(tiny128), "-fa", "1", "-p", "16", "-n", "2", "-r", "1", "-ctk", "turboq3", "-ctv", "turboq3",
             "-t", "2", "-o", "csv", "-v")
-    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "7")
+    monkeypatch.setenv("LLAMA_ARG_LAYER_ADAPTIVE", "7")
     r = run_tool("llama-bench", *args)
     assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in r.stderr + r.stdout
-    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "8")
+    monkeypatch.setenv("LLAMA_ARG_LAYER_ADAPTIVE", "8")
     r = run_tool("llama-bench", *args, check=False)
     assert r.returncode == 1
-    assert "TURBO_LAYER_ADAPTIVE: '8' is not a layer-adaptive mode" in r.stderr
+    assert "LLAMA_ARG_LAYER_ADAPTIVE: '8' is not a layer-adaptive mode" in r.stderr
 
 
+def test_layer_adaptive_modes_have_names(tiny128, short_text, monkeypatch):
+    """Each mode has a name in libllama's table ("k4-global" for 4) that the flag, its alias,
+    pyturbo and `python -m server` take beside the number; a wrong one is an error naming them all,
+    and docs/usage.md's table lists the same names."""
+    from pathlib import Path
+
+    from pyturbo import layer_adaptive
+    from pyturbo.server.cli import parser
+    monkeypatch.delenv("LLAMA_ARG_LAYER_ADAPTIVE", raising=False)
+    names = layer_adaptive.names()
+    assert names[0] == "off" and names[4] == "k4-global" and len(set(names.values())) == len(names)
+    args = ("-f", str(short_text), "-c", "128", "--chunks", "1", "-fa", "on", "-t", "2", "-ctk", "turboq3",
+            "-ctv", "turboq3", "-lv", "4")
+
+    def run(*extra):
+        return perplexity(tiny128, short_text, "turboq3", "turboq3", ctx=128, chunks=1, extra=extra)
+
+    by_number, by_name = run("--layer-adaptive", "7"), run("--layer-adaptive", names[7])
+    assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in by_name.log and by_name.ppl == by_number.ppl
+    assert "layer-adaptive mode" not in run("--layer-adaptive", "off").log
+    monkeypatch.setenv("LLAMA_ARG_LAYER_ADAPTIVE", names[7])
+    assert run().ppl == by_number.ppl
+    monkeypatch.delenv("LLAMA_ARG_LAYER_ADAPTIVE")
+    r = run_tool("llama-perplexity", "-m", str(tiny128), *args, "--layer-adaptive", "k9-nowhere", check=False)
+    assert r.returncode > 0 and "(or their names: off, q8-edges, " in r.stderr + r.stdout
+    assert layer_adaptive.check_mode("k4-global") == 4 and parser().parse_args(["--layer-adaptive", "k4-global"]).layer_adaptive == 4
+    with pytest.raises(ValueError, match=r"4 \(k4-global\)"):
+        layer_adaptive.check_mode("k4-everywhere")
+    usage = (Path(__file__).resolve().parent.parent / "docs" / "usage.md").read_text()
+    assert {int(m): n for m, n in re.findall(r"^\| (\d) \| `([\w-]+)` \|", usage, re.M)} == names
+
+
+def test_k_centering_is_the_models_key(tiny128, short_text, monkeypatch):
+    """K centering is the model key turboq.k_center: --kv-k-center on|off and its alias
+    LLAMA_ARG_KV_K_CENTER in common's tools, the alias in llama-bench, the GGUF's own key; a bad
+    value is an error while parsing, and the argument beats the alias."""
+    monkeypatch.delenv("LLAMA_ARG_KV_K_CENTER", raising=False)
+
+    def run(model, *extra):
+        return perplexity(model, short_text, "turboq3", "turboq3", ctx=128, chunks=1, extra=extra)
+
+    on = run(tiny128)
+    assert "K means calibrated" in on.log and "turboq.k_center=false" not in on.log
+    off = run(tiny128, "--kv-k-center", "off")
+    assert "turboq.k_center=false (set by --kv-k-center" in off.log and "K means calibrated" not in off.log
+    assert on.ppl != off.ppl  # centering changes what the cache stores
+    keyed = data.tiny_model(head_dim=128, k_center=False)  # the same weights, the key in the GGUF
+    r = run(keyed)
+    assert "turboq.k_center=false (from the GGUF)" in r.log and r.ppl == off.ppl
+    r = run(keyed, "--kv-k-center", "on")
+    assert "K means calibrated" in r.log and r.ppl == on.ppl
+    monkeypatch.setenv("LLAMA_ARG_KV_K_CENTER", "off")
+    r = run(tiny128)
+    assert "turboq.k_center=false" in r.log and r.ppl == off.ppl
+    assert run(tiny128, "--kv-k-center", "on").ppl == on.ppl  # the argument wins
+    bench = ("-m", str(tiny128), "-fa", "1", "-p", "16", "-n", "2", "-r", "1", "-ctk", "turboq3", "-ctv", "turboq3",
+             "-t", "2", "-o", "csv", "-v")
+    r = run_tool("llama-bench", *bench)
+    assert "turboq.k_center=false" in r.stderr + r.stdout
+    monkeypatch.setenv("LLAMA_ARG_KV_K_CENTER", "maybe")
+    r = run_tool("llama-bench", *bench, check=False)
+    assert r.returncode == 1 and "LLAMA_ARG_KV_K_CENTER: 'maybe' is not on or off" in r.stderr
+    monkeypatch.delenv("LLAMA_ARG_KV_K_CENTER")
+    r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128", "-ctk", "turboq3",
+                 "-ctv", "turboq3", "--kv-k-center", "maybe", check=False)
+    assert r.returncode > 0 and "'maybe' is not on or off" in r.stderr + r.stdout
+
+
+def test_the_deprecated_alias_still_sets_the_mode(tiny128, short_text, monkeypatch):
+    """TURBO_LAYER_ADAPTIVE, the alias's name before LLAMA_ARG_LAYER_ADAPTIVE, still sets the mode
+    for one release, in common's tools and in llama-bench, with a deprecation line; where both are
+    set, the new name wins and the line says the old one is ignored."""
+    monkeypatch.delenv("LLAMA_ARG_LAYER_ADAPTIVE", raising=False)
+    monkeypatch.setenv("TURBO_LAYER_ADAPTIVE", "7")
+    args = ("-m", str(tiny128), "-f", str(short_text), "-c", "128", "--chunks", "1", "-fa", "on", "-t", "2",
+            "-ctk", "turboq3", "-ctv", "turboq3", "-lv", "4")
+    r = run_tool("llama-perplexity", *args)
+    out = r.stderr + r.stdout
+    assert "TURBO_LAYER_ADAPTIVE is deprecated: set LLAMA_ARG_LAYER_ADAPTIVE instead" in out
+    assert "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in out
+    r = run_tool("llama-bench", "-m", str(tiny128), "-fa", "1", "-p", "16", "-n", "2", "-r", "1", "-ctk", "turboq3",
+                 "-ctv", "turboq3", "-t", "2", "-o", "csv", "-v")
+    out = r.stderr + r.stdout
+    assert "TURBO_LAYER_ADAPTIVE is deprecated" in out and "layer   0: layer-adaptive mode 7: K turboq3, V q8_0" in out
+    monkeypatch.setenv("LLAMA_ARG_LAYER_ADAPTIVE", "1")
+    r = run_tool("llama-perplexity", *args)
+    out = r.stderr + r.stdout
+    assert "TURBO_LAYER_ADAPTIVE is deprecated and ignored: LLAMA_ARG_LAYER_ADAPTIVE is set" in out
+    assert "layer   0: layer-adaptive mode 1: K q8_0, V q8_0" in out
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,expect", [
     (5, {0: ("turboq3", "turboq4"), 1: ("turboq3", "turboq4"), 2: ("turboq3", "turboq2"), 17: ("turboq3", "turboq4")}),
     (6, {9: ("turboq3", "turboq2"), 10: ("turboq3", "turboq4")}),
@@ -301,7 +400,7 @@ def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):
     """On a random model (no common K component, so centering does nothing) the end-to-end KLD
     of each type scales like its quantization MSE. Bound: the type's expected MSE over q4_0's,
     times q4_0's KLD from the same run, with 50% slack (measured within 10%)."""
-    from pyturbo.lab.codebook import lloyd_max
+    from pyturbo.format.codebook import lloyd_max
     from pyturbo.lab.kvlab import q_mainline
 
     g = np.random.default_rng(0).standard_normal((4096, 128)).astype(np.float32)
@@ -317,26 +416,35 @@ def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):
 
 
 
-def test_trellis_types_run_behind_their_switch_and_beat_their_scalar_twins(tiny128, short_text, tmp_path):
-    """turboq3t and turboq2t (issue 21's trellis, experimental) are refused without
-    PYTURBO_TRELLIS=1, saying so; with it, end to end on a random model (where KLD follows the
-    codec's MSE), each has less KLD than the scalar type of its bits, and gives it twice."""
+@pytest.mark.seeded
+def test_trellis_types_are_refused_by_a_build_without_them(seeded_build, tiny128, short_text, monkeypatch):
+    """A build configured without -DPYTURBO_TRELLIS=ON (the default; scripts/build_seeded.sh's is
+    one) refuses turboq3t and turboq2t as cache types, saying how to get them and naming the
+    released type of the same bits; the main build (scripts/setup.sh: ON) takes them."""
+    bin_dir, _ = seeded_build
+    monkeypatch.setenv("PYTURBO_BUILD_DIR", str(bin_dir.parent))  # where run_tool finds the tool and its libraries
     r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128",
                  "-ctk", "turboq3t", "-ctv", "turboq3t", check=False)
-    assert r.returncode > 0
-    assert "KV cache type turboq3t is experimental" in r.stderr + r.stdout and "PYTURBO_TRELLIS=1" in r.stderr + r.stdout
+    out = r.stderr + r.stdout
+    assert r.returncode > 0 and "KV cache type turboq3t is experimental" in out
+    assert "configure with -DPYTURBO_TRELLIS=ON" in out and "turboq3 is its released equivalent" in out
+
+
+def test_trellis_types_beat_their_scalar_twins(tiny128, short_text, tmp_path):
+    """turboq3t and turboq2t (issue 21's trellis, experimental; the main build takes them), end to end
+    on a random model (where KLD follows the codec's MSE): each has less KLD than the scalar type of
+    its bits, and gives it twice."""
     base = tmp_path / "f16.kld"
     perplexity(tiny128, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
-    on = {"PYTURBO_TRELLIS": "1"}
-    kld = {t: perplexity(tiny128, short_text, t, t, ctx=256, chunks=3, kld_base=base, env=on).kld
+    kld = {t: perplexity(tiny128, short_text, t, t, ctx=256, chunks=3, kld_base=base).kld
            for t in ("turboq3", "turboq3t", "turboq2", "turboq2t")}
     print(f"tiny128 KLD vs f16: {kld}")
     assert 0 < kld["turboq3t"] < 0.9 * kld["turboq3"]
     assert 0 < kld["turboq2t"] < 0.9 * kld["turboq2"]
-    assert perplexity(tiny128, short_text, "turboq2t", "turboq2t", ctx=256, chunks=3, kld_base=base, env=on).kld == kld["turboq2t"]
+    assert perplexity(tiny128, short_text, "turboq2t", "turboq2t", ctx=256, chunks=3, kld_base=base).kld == kld["turboq2t"]
     # no 64-value trellis: head size 64 is refused, naming the released type that takes it
     r = run_tool("llama-perplexity", "-m", str(data.tiny_model(head_dim=64)), "-f", str(short_text), "-c", "128",
-                 "-fa", "on", "-ctk", "turboq2t", "-ctv", "turboq2t", env=on, check=False)
+                 "-fa", "on", "-ctk", "turboq2t", "-ctv", "turboq2t", check=False)
     assert r.returncode > 0
     assert "the trellis types store 128-value groups only, and this model's head size is 64; the released turboq2 takes it" \
         in r.stderr + r.stdout

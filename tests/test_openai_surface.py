@@ -1,5 +1,5 @@
 """The OpenAI request fields that clients send, through `python -m server` (llama-server engine,
-the main job's cache) and the official openai client: logprobs on both endpoints, response_format,
+the recommended configuration's cache) and the official openai client: logprobs on both endpoints, response_format,
 seed, tools and tool_choice on the template-less default model, embeddings behind --embeddings."""
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import math
 
 import pytest
 
-from helpers import MAIN_JOB, free_port, server_cmd, start, stop, wait_healthy
+from helpers import RECOMMENDED, free_port, server_cmd, start, stop, wait_healthy
+
+pytestmark = pytest.mark.slow  # a Gemma 3 270M server
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
@@ -22,7 +24,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def server(build_info):
     port = free_port()
-    proc = start(server_cmd("llama-server", port, *MAIN_JOB,
+    proc = start(server_cmd("llama-server", port, *RECOMMENDED,
                             "--n-ctx", "1024", "--parallel", "2", "--embeddings"))
     url = f"http://127.0.0.1:{port}"
     try:

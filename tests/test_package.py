@@ -24,6 +24,7 @@ def run(cmd: list[str], cwd: Path, timeout: float = 1800) -> subprocess.Complete
     return r
 
 
+@pytest.mark.package
 @pytest.mark.parametrize("editable", [False, True], ids=["install", "editable"])
 def test_pip_install_in_a_fresh_venv(tmp_path, build_info, editable):
     env_dir = tmp_path / "venv"

@@ -5,7 +5,7 @@ the native build does not compile on an AVX-512 machine).
 scripts/build_portable.sh builds tests/portable/turboq_check.c against the patched ggml three
 times: build-aarch64/ (cross-compiled, run with qemu-aarch64), build-scalar/ and build-avx2/ (the
 last runs on an x86 machine with AVX2; it skips on one without). Inputs are generated
-here, written to files, and the harness's results are compared with pyturbo.lab.reference:
+here, written to files, and the harness's results are compared with pyturbo.format.reference:
 - the codec (SET_ROWS into the cache, GET_ROWS back) bit for bit, over a few hundred groups (128
   values, or 64/32/16 for the _g64/_g32/_g16 twins; the trellis types too) that include zeros, NaN/Inf rows, huge and subnormal values;
 - flash attention within the x86 tests' tolerance (1e-4 of the output scale, as in
@@ -24,11 +24,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyturbo.lab import reference
+from pyturbo.format import reference
 from pyturbo._paths import build_dirs
 from pyturbo.types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, cache_type
 
 from helpers import causal_mask, decoded  # tests/ is on sys.path (pytest prepend mode)
+
+pytestmark = pytest.mark.portable
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = os.environ.get("CI") == "true" or os.environ.get("PYTURBO_REQUIRE_PORTABLE") == "1"

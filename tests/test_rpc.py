@@ -78,7 +78,8 @@ CASES = [("tiny128x4", "turboq3", "turboq3"), ("tiny128x4", "q8_0", "turboq4"),
          ("gemma", "turboq3", "turboq3"), ("gemma", "q8_0", "turboq4")]
 
 
-@pytest.mark.parametrize("model,type_k,type_v", CASES, ids=["-".join(c) for c in CASES])
+@pytest.mark.parametrize("model,type_k,type_v", [pytest.param(*c, marks=[pytest.mark.slow] if c[0] == "gemma" else [])
+                                                 for c in CASES], ids=["-".join(c) for c in CASES])
 def test_rpc_matches_local_cpu(rpc_endpoints, model, type_k, type_v, tmp_path):
     path = data.default_model() if model == "gemma" else data.tiny_model(head_dim=128, n_layer=4)
     text = data.corpus_slice(12000)
@@ -134,6 +135,7 @@ def test_rpc_server_refuses_a_bad_flag(build_info):
     assert r.returncode != 0 and "invalid number of threads" in r.stderr, r.stderr
 
 
+@pytest.mark.seeded
 def test_a_seeded_build_refuses_turboq_layers_on_rpc(rpc_endpoints, seeded_build, monkeypatch):
     """A build with other rotation signs (cmake -DPYTURBO_SIGN_SEED, a debug option) cannot know
     an RPC server's signs, so a turboq context with a layer there is refused, naming the option
@@ -176,11 +178,10 @@ def test_a_trellis_cache_is_refused_on_rpc(rpc_endpoints):
     whose build may lack them, with its cache there and with it kept here, naming the released type
     of the same bits; the same model runs with them on this machine."""
     path, text = data.tiny_model(head_dim=128, n_layer=4), data.corpus_slice(12000)
-    on = {"PYTURBO_TRELLIS": "1"}
     rpc = ("--rpc", ",".join(rpc_endpoints), "-ngl", "99")
     for extra in (rpc, (*rpc, "--no-kv-offload")):
         with pytest.raises(RuntimeError, match=r"layer 0: its KV cache is K turboq3t, V turboq2t, and this layer runs on "
                                                r"RPC.*an RPC server, whose build may lack the experimental trellis types.*"
                                                r"use turboq3"):
-            perplexity(path, text, "turboq3t", "turboq2t", ctx=256, chunks=1, extra=extra, env=on)
-    assert perplexity(path, text, "turboq3t", "turboq2t", ctx=256, chunks=1, env=on).ppl > 0
+            perplexity(path, text, "turboq3t", "turboq2t", ctx=256, chunks=1, extra=extra)
+    assert perplexity(path, text, "turboq3t", "turboq2t", ctx=256, chunks=1).ppl > 0

@@ -35,6 +35,7 @@ def make(Llama, path, k, v, la=None, window=None):
                  n_batch=256, flash_attn=True, verbose=False, seed=1, logits_all=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k,v", [("turboq2", "turboq2"), ("turboq8", "turboq8"), ("q8_0", "turboq4"),
                                  ("turboq4", "turboq3"), ("turboq3", "f16")])
 def test_python_state_restores_bit_identically(Llama, k, v):
@@ -51,6 +52,7 @@ def test_python_state_restores_bit_identically(Llama, k, v):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_python_state_with_an_exact_window_restores_bit_identically(Llama):
     """The exact window's rows travel with the state: a fresh context whose window held other
     rows continues as the saved one did, bit for bit, although the window changes the logits
@@ -81,7 +83,7 @@ def test_python_state_with_an_exact_window_restores_bit_identically(Llama):
         make(Llama, gemma, "turboq3", "turboq3", window=16).load_state(state)
 
 
-@pytest.mark.parametrize("model", ["tiny", "gemma"])
+@pytest.mark.parametrize("model", ["tiny", pytest.param("gemma", marks=pytest.mark.slow)])
 def test_python_state_with_an_exact_window_into_a_context_without_one_is_refused(Llama, tiny, tmp_path, model):
     """The window's rows follow the cache's own state, so a context without a window used to stop
     short of them: a bare size mismatch (one cache) or "n_stream mismatch" (Gemma's pair of
@@ -199,10 +201,9 @@ class SlotServer:
         return stop(self.proc)
 
 
-@pytest.mark.parametrize("k,v,la,gemma", [("turboq3", "turboq3", 0, False), ("turboq8", "turboq2", 0, False),
-                                          ("turboq4", "turboq4", 0, False), ("q8_0", "turboq4", 0, False),
-                                          ("f16", "f16", 0, True), ("turboq3", "turboq4", 3, True),
-                                          ("turboq3", "turboq3", 0, True)])
+@pytest.mark.parametrize("k,v,la,gemma", [pytest.param(*c, marks=[pytest.mark.slow] if c[-1] else []) for c in [
+    ("turboq3", "turboq3", 0, False), ("turboq8", "turboq2", 0, False), ("turboq4", "turboq4", 0, False),
+    ("q8_0", "turboq4", 0, False), ("f16", "f16", 0, True), ("turboq3", "turboq4", 3, True), ("turboq3", "turboq3", 0, True)]])
 def test_slot_restore_continues_bit_identically(tiny, tmp_path, k, v, la, gemma):
     """Save, erase, restore, continue: the same text and top-token probabilities as without the
     restore. Gemma (sliding-window layers) runs with --swa-full: without it llama-server keeps no
@@ -223,6 +224,7 @@ def test_slot_restore_continues_bit_identically(tiny, tmp_path, k, v, la, gemma)
         srv.close()
 
 
+@pytest.mark.slow
 def test_slot_files_are_refused_when_they_do_not_fit(build_info, tmp_path):
     """Path traversal, truncation (patch 6), flipped bytes (patch 7's CRC-32) and another cache
     type or layer mode: 400, and the server goes on serving."""
@@ -307,6 +309,7 @@ with open(sys.argv[2], "wb") as f:
 """
 
 
+@pytest.mark.seeded
 @pytest.mark.parametrize("k,v", [("turboq3", "turboq3"), ("f16", "turboq3")])
 def test_a_seeded_builds_state_stays_its_own(Llama, tiny, tmp_path, seeded_build, k, v):
     """A build with other rotation signs (cmake -DPYTURBO_SIGN_SEED, a debug option) marks its

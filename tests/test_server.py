@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ENGINES, MAIN_JOB, free_port, output, post, server_cmd, start, stop, wait_healthy
+from helpers import ENGINES, RECOMMENDED, free_port, output, post, server_cmd, start, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_TOKENS = ("<start_of_turn>", "<end_of_turn>", "<im_start>", "<|im_start|>", "<im_end>", "<|im_end|>")
@@ -26,7 +26,7 @@ N_CTX = 1024
 @pytest.fixture(scope="module", params=ENGINES)
 def server(request, build_info):
     port = free_port()
-    proc = start(server_cmd(request.param, port, *MAIN_JOB,
+    proc = start(server_cmd(request.param, port, *RECOMMENDED,
                             "--n-ctx", str(N_CTX), "--parallel", "8"))
     url = f"http://127.0.0.1:{port}"
     try:
@@ -42,15 +42,18 @@ def client(server):
     return OpenAI(base_url=server[1] + "/v1", api_key="none", timeout=300, max_retries=0)
 
 
+@pytest.mark.slow
 def test_models(client):
     assert "gemma" in [m.id for m in client.models.list().data]
 
 
+@pytest.mark.slow
 def test_completion(client):
     r = client.completions.create(model="gemma", prompt="Ever since I was a child,", max_tokens=12, temperature=0)
     assert r.choices[0].text.strip()
 
 
+@pytest.mark.slow
 def test_chat_answers_on_the_template_less_default_model(server, client):
     """The bundled Gemma GGUF has no chat template: the Gemma turn format is used, and said so in the log."""
     for question in ("Say hello.", "What is the capital of France?"):
@@ -62,6 +65,7 @@ def test_chat_answers_on_the_template_less_default_model(server, client):
         assert r.usage.completion_tokens > 0
 
 
+@pytest.mark.slow
 def test_chat_stream_yields_content(client):
     chunks = [c for c in client.chat.completions.create(
         model="gemma", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Count to five."}],
@@ -72,12 +76,14 @@ def test_chat_stream_yields_content(client):
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
+@pytest.mark.slow
 def test_completion_stream(client):
     text = "".join(c.choices[0].text for c in client.completions.create(
         model="gemma", prompt="The sea was", max_tokens=8, stream=True, temperature=0))
     assert text.strip()
 
 
+@pytest.mark.slow
 def test_eight_concurrent_clients(client):
     """8 clients at once, streaming and not, chat and completions; each gets its own answer:
     counting prompts that start at different numbers must continue with their own next number."""
@@ -110,6 +116,7 @@ def error_message(body: dict) -> str:
     return (err.get("message") if isinstance(err, dict) else str(err)) or ""
 
 
+@pytest.mark.slow
 def test_bad_requests_get_4xx_with_a_reason_and_server_survives(server, client):
     _, url, _ = server
     status, body = post(url + "/v1/completions", b"{not json")
@@ -130,6 +137,7 @@ def test_bad_requests_get_4xx_with_a_reason_and_server_survives(server, client):
     assert r.choices[0].text is not None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ENGINES)
 def test_api_key_guards_everything_but_health(engine, build_info):
     port = free_port()
@@ -152,7 +160,7 @@ def test_api_key_guards_everything_but_health(engine, build_info):
     (["-ctk", "turboq9"], "unknown KV cache type 'turboq9'"),
     (["-ctv", "turboq4_g64"], "ask for 'turboq4'"),
     (["-ctk", "turboq2_g32"], "ask for 'turboq2'"),
-    (["--layer-adaptive", "8"], "valid modes are 0, 1, 2, 3, 4, 5, 6, 7"),
+    (["--layer-adaptive", "8"], "valid modes are 0 (off), 1 (q8-edges), 2 (q8-last8), 3 (k8-gain), 4 (k4-global), 5"),
     (["--parallel", "0"], "--parallel 0"),
     (["--model", "/no/such.gguf"], "/no/such.gguf: no such file"),
     (["--engine", "python", "--", "-t", "2"], "llama-server flags"),
@@ -171,6 +179,7 @@ def test_bad_flags_end_with_a_message_not_a_traceback(flags, message):
     assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_engine_killed_during_generation_is_reported_and_the_supervisor_exits(build_info):
     import threading
     port = free_port()
@@ -250,8 +259,9 @@ def test_the_gemma_fallback_renders_tools_without_escaping(build_info, host):
     assert plain == "<bos><start_of_turn>user\nBe brief.\n\nWeather in Paris & <Rome>?<end_of_turn>\n<start_of_turn>model\n"
 
 
+@pytest.mark.slow
 def test_each_engine_gives_the_model_its_layer_adaptive_mode(build_info, capfd):
-    """--layer-adaptive reaches llama-server as its argument (0 too: it beats a TURBO_LAYER_ADAPTIVE
+    """--layer-adaptive reaches llama-server as its argument (0 too: it beats a LLAMA_ARG_LAYER_ADAPTIVE
     that the caller's environment holds) and the python engine as the model's kv override."""
     from pyturbo import data
     from pyturbo.server import python_engine
@@ -264,4 +274,22 @@ def test_each_engine_gives_the_model_its_layer_adaptive_mode(build_info, capfd):
     err = capfd.readouterr().err
     assert "layer   5: layer-adaptive mode 7: K turboq3, V turboq2" in err
     assert settings.kv_overrides is None  # the caller's settings are not changed
+    del llm
+
+
+def test_each_engine_gives_the_model_its_k_centering(build_info, capfd):
+    """--kv-k-center reaches llama-server as its argument (only when given: the model's own key
+    stands otherwise) and the python engine as the model's bool kv override."""
+    from pyturbo import data
+    from pyturbo.server import python_engine
+    from pyturbo.server.cli import parser
+    from pyturbo.server.llama_server import LaunchSpec
+    argv = LaunchSpec("m.gguf", "turboq3", "turboq3", 0, 4096, 1, "127.0.0.1", 8080, "m", kv_k_center="off").argv()
+    assert argv[argv.index("--kv-k-center") + 1] == "off"
+    assert "--kv-k-center" not in LaunchSpec("m.gguf", "turboq3", "turboq3", 0, 4096, 1, "127.0.0.1", 8080, "m").argv()
+    assert parser().parse_args(["--kv-k-center", "off"]).kv_k_center == "off"
+    settings = python_engine.TurboModelSettings(model=str(data.tiny_model(head_dim=128)), n_ctx=128, type_k=61,
+                                                type_v=61, flash_attn=True, k_center=False, verbose=True)
+    llm = python_engine._load_model(settings)
+    assert "turboq.k_center=false (set by" in capfd.readouterr().err
     del llm

@@ -85,6 +85,7 @@ MALFORMED_CHAT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", [k for k, v in MALFORMED.items() if v is not None])
 def test_malformed_completion_gets_4xx(srv, what):
     _, port, _ = srv
@@ -92,6 +93,7 @@ def test_malformed_completion_gets_4xx(srv, what):
     assert_client_error(status, raw, what)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", list(MALFORMED_CHAT))
 def test_malformed_chat_gets_4xx(srv, what):
     _, port, _ = srv
@@ -99,6 +101,7 @@ def test_malformed_chat_gets_4xx(srv, what):
     assert_client_error(status, raw, what)
 
 
+@pytest.mark.slow
 def test_still_serving_after_malformed_requests(srv):
     counting_answer_is_right(srv[1])
 
@@ -123,6 +126,7 @@ def small_budget(body: dict) -> dict:
     return body
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_fuzzed_requests_never_get_5xx(srv, data):
@@ -146,10 +150,12 @@ def test_fuzzed_requests_never_get_5xx(srv, data):
         assert_client_error(status, raw, raw_body[:200].decode(errors="replace"))
 
 
+@pytest.mark.slow
 def test_still_serving_after_the_fuzz(srv):
     counting_answer_is_right(srv[1])
 
 
+@pytest.mark.slow
 def test_client_disconnecting_mid_stream_frees_its_slot(srv):
     _, port, _ = srv
     for _ in range(5):
@@ -175,8 +181,9 @@ def counting(port: int, n: int) -> str:
     return json.loads(raw)["choices"][0]["text"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [["-ctk", "turboq3", "-ctv", "turboq4", "--layer-adaptive", "3"],
-                                   ["-ctk", "turboq4", "-ctv", "turboq4"]], ids=["main-job", "turboq4"])
+                                   ["-ctk", "turboq4", "-ctv", "turboq4"]], ids=["recommended", "turboq4"])
 def test_context_overflow_with_context_shift_stays_coherent(build_info, flags):
     """300 tokens through a 128-token context with llama-server's context shift (K rows re-roped,
     the K-centering mean added back around RoPE): no crash, the count goes on through every shift

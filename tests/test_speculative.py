@@ -13,9 +13,11 @@ import pytest
 
 from pyturbo import data
 
-from helpers import MAIN_JOB, free_port, post, server_cmd, start, stop, wait_healthy
+from helpers import RECOMMENDED, free_port, post, server_cmd, start, stop, wait_healthy
 
-# the last one is long enough that a draft with an exact window (the main job's) still reads most
+pytestmark = pytest.mark.slow  # Gemma 3 270M servers, drafting for themselves
+
+# the last one is long enough that a draft with an exact window (the recommended configuration's) still reads most
 # of it from its coarse cache, and guesses wrong at times
 PROMPTS = ["Ever since I was a child,", "The history of the Roman Empire", "def fibonacci(n):",
            data.corpus().read_text(encoding="utf-8")[20000:21200]]
@@ -38,8 +40,8 @@ def _generate(build_info, flags: list[str]) -> list[dict]:
 
 
 @pytest.mark.parametrize("cache", [["-ctk", "turboq3", "-ctv", "turboq3"],
-                                   list(MAIN_JOB)],
-                         ids=["turboq3", "main-job"])
+                                   list(RECOMMENDED)],
+                         ids=["turboq3", "recommended"])
 def test_a_draft_model_leaves_greedy_text_unchanged(build_info, cache):
     plain = _generate(build_info, cache)
     # the bundled model drafts for itself, from a turboq2 cache: close enough to be accepted

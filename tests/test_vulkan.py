@@ -24,10 +24,12 @@ import numpy as np
 
 from pyturbo import data
 from pyturbo._paths import build_dirs, cache_dir, tool_env
-from pyturbo.lab import reference
+from pyturbo.format import reference
 from pyturbo.tools import llama_perplexity as perplexity
 from pyturbo.types import cache_type
 from helpers import special_groups
+
+pytestmark = pytest.mark.vulkan
 
 VK_BUILD = build_dirs()["PYTURBO_VULKAN_BUILD_DIR"]
 REQUIRED = os.environ.get("CI") == "true" or os.environ.get("PYTURBO_REQUIRE_VULKAN") == "1"
@@ -339,7 +341,7 @@ def test_trellis_perplexity_vulkan_matches_cpu(vk_bin, tmp_path, monkeypatch, ca
     model = data.tiny_model(head_dim=128)
     text = data.corpus_slice(12000)
     base = tmp_path / "cpu.kld"
-    run = dict(ctx=256, chunks=4, threads=2, env={"PYTURBO_TRELLIS": "1"})
+    run = dict(ctx=256, chunks=4, threads=2)  # both builds take the trellis types (-DPYTURBO_TRELLIS=ON)
     cpu = perplexity(model, text, cache, cache, kld_base=base, write_base=True, **run)
     # the released type of the same bits, against the trellis on the CPU: the check below sees a type change
     released = cache[:-1]

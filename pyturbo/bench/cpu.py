@@ -34,7 +34,7 @@ SPEED_TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3", "q8_0/turboq3", "tur
 SPEED_RUNS = [["-p", "512,2048", "-n", "64"], ["-p", "512", "-n", "32", "-d", "4096"], ["-p", "0", "-n", "32", "-d", "16384"]]
 
 
-OPTIONS = {"uncentered": {"TURBOQ_K_CENTER": "0"},  # K centering (and its channel scale) off
+OPTIONS = {"uncentered": {"LLAMA_ARG_KV_K_CENTER": "off"},  # K centering (and its channel scale) off
            "unscaled": {"TURBOQ_K_BALANCE": "0"},    # K centering without the channel scale
            "onerow": {"TURBOQ_FA_TILED": "0"}}       # CPU flash attention without the quantized tiled path
 
@@ -45,8 +45,8 @@ WINDOW = re.compile(r"(\d+)(?:m(\d+))?")  # ':winW' or ':winWmM' after 'win'
 
 
 def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
-    """'t' (K = V = t) or 'k/v', then any of ':N' (a TURBO_LAYER_ADAPTIVE mode), ':uncentered'
-    (TURBOQ_K_CENTER=0), ':unscaled' (TURBOQ_K_BALANCE=0), ':onerow' (TURBOQ_FA_TILED=0),
+    """'t' (K = V = t) or 'k/v', then any of ':N' (a LLAMA_ARG_LAYER_ADAPTIVE mode), ':uncentered'
+    (--kv-k-center off), ':unscaled' (TURBOQ_K_BALANCE=0), ':onerow' (TURBOQ_FA_TILED=0),
     ':winW' (the exact window, --kv-exact-window W through its alias LLAMA_ARG_KV_EXACT_WINDOW;
     ':winWmM' with a margin of M, --kv-exact-window-margin M), ':tailW' (TURBOQ_EXACT_TAIL=W),
     ':sinkS' (TURBOQ_EXACT_SINK=S): (label, K, V, environment)."""
@@ -60,11 +60,11 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
         if opt in OPTIONS:
             env.update(OPTIONS[opt])
         elif opt.isdigit():
-            env["TURBO_LAYER_ADAPTIVE"] = opt
+            env["LLAMA_ARG_LAYER_ADAPTIVE"] = opt
         elif opt[:4] in EXACT_ROWS and opt[4:].isdigit() and int(opt[4:]) > 0:
             env[EXACT_ROWS[opt[:4]]] = opt[4:]
-        elif opt[:3] == "win" and (m := WINDOW.fullmatch(opt[3:])) and 0 < int(m[1]) <= exact_window.MAX and \
-                (m[2] is None or int(m[2]) <= exact_window.MAX):
+        elif opt[:3] == "win" and (m := WINDOW.fullmatch(opt[3:])) and 0 < int(m[1]) <= exact_window.max_positions() and \
+                (m[2] is None or int(m[2]) <= exact_window.max_positions()):
             env[exact_window.ENV] = m[1]
             if m[2] is not None:
                 env[exact_window.MARGIN_ENV] = m[2]
@@ -103,7 +103,7 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
 
     window = quantized(k, head_dim_k) or quantized(v, head_dim_v)
     bk, bv = bpw(k, window=window), bpw(v, head_dim_v, window)
-    mode = int(env.get("TURBO_LAYER_ADAPTIVE") or 0)
+    mode = int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0)
     policy = policies().get(mode)
     if policy is not None and policy.k_gain_div and policy.v_boundary is None and policy.v_other is None:
         n = max(1, model_layers // policy.k_gain_div)
@@ -141,7 +141,7 @@ def quality(args: argparse.Namespace) -> None:
                                  kld_base=base, write_base=(c == "f16"), env=env, timeout=6 * 3600, extra=ubatch)
             geo = kv_geometry(model)
             w = int(env.get(exact_window.ENV) or 0)
-            mode = int(env.get("TURBO_LAYER_ADAPTIVE") or 0)
+            mode = int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0)
             ring_mib = window_bytes(model, k, v, mode, 1, w, window_margin(env)) / 2 ** 20 if w else 0.0
             rows.append((label, config_bpw(geo.n_layer, k, v, env, args.ctx, geo.head_dim_k, geo.head_dim_v, geo.mla),
                          r.kv_mib + ring_mib, r))
@@ -150,8 +150,8 @@ def quality(args: argparse.Namespace) -> None:
     f16_kv = rows[0][2]
     q4 = next((r for label, _, _, r in rows if label == "q4_0"), None)
     print(f"\n{model.name}, {text.name}, c={args.ctx} (-b {batch}), {chunks} chunk(s) (the second half of each "
-          "scored), -fa on; KLD against the f16 cache; K/V, ':N' = TURBO_LAYER_ADAPTIVE=N, ':uncentered' = "
-          "TURBOQ_K_CENTER=0, ':unscaled' = TURBOQ_K_BALANCE=0, ':winW' = --kv-exact-window W (KV MiB with its "
+          "scored), -fa on; KLD against the f16 cache; K/V, ':N' = LLAMA_ARG_LAYER_ADAPTIVE=N, ':uncentered' = "
+          "--kv-k-center off, ':unscaled' = TURBOQ_K_BALANCE=0, ':winW' = --kv-exact-window W (KV MiB with its "
           "F16 rows), ':winWmM' = with --kv-exact-window-margin M" +
           (f", ':tailW'/':sinkS' = TURBOQ_EXACT_TAIL=W/TURBOQ_EXACT_SINK=S (-ub {batch}; KV MiB without "
            "those f16 rows, bpw per layer with them)" if ubatch else "") + ". bpw in memory: 16 x the KV bytes over "
@@ -254,7 +254,7 @@ def add_parsers(sub) -> None:
     q.add_argument("--plot", help="PNG of KLD against bits per value with the Pareto front (default: "
                                   "bench-out/quality-MODEL-TEXT-cCTX.png; 'none': no plot)")
     q.add_argument("--types", nargs="+", default=QUALITY_TYPES,
-                   help="'t', 'k/v', plus ':N' (TURBO_LAYER_ADAPTIVE), ':uncentered', ':unscaled', ':onerow', ':winW' or ':winWmM' (margin M), ':tailW' or ':sinkS'")
+                   help="'t', 'k/v', plus ':N' (LLAMA_ARG_LAYER_ADAPTIVE), ':uncentered', ':unscaled', ':onerow', ':winW' or ':winWmM' (margin M), ':tailW' or ':sinkS'")
     q.set_defaults(func=quality)
     s = sub.add_parser("speed", help="llama-bench prompt and generation speed vs f16, interleaved rounds")
     s.add_argument("--threads", type=int, default=1)

@@ -80,17 +80,18 @@ def open_llama(model, config: str, ctx: int, threads: int):
     """A pyturbo.Llama with config's cache: its types, layer mode and exact window as parameters
     (llama-cpp-python reads no LLAMA_ARG_* alias), the debug switches (':unscaled', ...) in the
     environment while the model and its caches are set up, which is when libllama reads them."""
-    from .. import exact_window
+    from .. import exact_window, k_centering
     from ..llama import Llama, scoped_env
     _, k, v, env = parse_config(config)
-    la = int(env.pop("TURBO_LAYER_ADAPTIVE", 0) or 0)
+    la = int(env.pop("LLAMA_ARG_LAYER_ADAPTIVE", 0) or 0)
     window = int(env.pop(exact_window.ENV, 0) or 0)
     margin = env.pop(exact_window.MARGIN_ENV, None)
+    center = env.pop(k_centering.ENV, None)
     with scoped_env(env):
         return Llama(str(model), n_ctx=ctx, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
                      flash_attn=True, cache_type_k=k, cache_type_v=v, layer_adaptive=la or None,
                      kv_exact_window=window or None, kv_exact_window_margin=None if margin is None else int(margin),
-                     verbose=False)
+                     k_center=None if center is None else center == "on", verbose=False)
 
 
 @dataclass(frozen=True)

@@ -149,10 +149,10 @@ def speculative(args: argparse.Namespace) -> None:
     rows = []
     for config in args.types:
         label, k, v, env = parse_config(config)
-        unknown = set(env) - {"TURBO_LAYER_ADAPTIVE"}
+        unknown = set(env) - {"LLAMA_ARG_LAYER_ADAPTIVE"}
         if unknown:
             raise SystemExit(f"{config}: only a layer mode can be set through the server ({', '.join(unknown)})")
-        flags = ["--model", str(model), "-ctk", k, "-ctv", v, "--layer-adaptive", env.get("TURBO_LAYER_ADAPTIVE", "0"),
+        flags = ["--model", str(model), "-ctk", k, "-ctv", v, "--layer-adaptive", env.get("LLAMA_ARG_LAYER_ADAPTIVE", "0"),
                  "--n-ctx", "1024", "--parallel", "1", "--quiet"]
         if args.threads:
             flags += ["--n-threads", str(args.threads)]

@@ -21,7 +21,7 @@ their own codebooks (turboq8's grid for turboq8_gN) and no reserved field in tur
     qs[8] byte i values i (low nibble) and i+8 (high)
   turboq3t (50 B), turboq2t (34 B): f16 norm | the 3- (2-) bit codes c_0..c_127, most significant bit
     first; the "index" of value t is the state s_t = (s_(t-1) << bits | c_t) mod 64 (s_-1 = 0), chosen by
-    pyturbo.lab.trellis.viterbi (the same float32 operations as ggml-turboq-trellis.h), and decodes
+    pyturbo.format.trellis.viterbi (the same float32 operations as ggml-turboq-trellis.h), and decodes
     through the type's 64-entry trellis codebook.
 """
 from __future__ import annotations

@@ -77,5 +77,5 @@ def seeded(text: str, seed: int, glsl: bool) -> str:
     shipped = block()
     if text.count(shipped) != 1:
         raise ValueError("the generated table has no shipped sign block to replace (regenerate it: "
-                         "python -m pyturbo.lab.codebook --write)")
+                         "python -m pyturbo.format.codebook --write)")
     return text.replace(shipped, block(seed))

@@ -263,12 +263,12 @@ class TurboQuantCache(DynamicCache):
     """A DynamicCache whose layers store K and V as llama.cpp cache rows of the chosen types.
 
     cache_type_k / cache_type_v: turboq2/3/4/8, q8_0, f16, bf16 or f32 (any case).
-    layer_adaptive: a layer-adaptive mode (pyturbo.layer_adaptive); mode 3 needs k_gains.
-    k_center: K centering of turboq K layers, as llama.cpp does by default (TURBOQ_K_CENTER).
+    layer_adaptive: a layer-adaptive mode, its number or name (pyturbo.layer_adaptive); mode 3 needs k_gains.
+    k_center: K centering of turboq K layers, as llama.cpp does by default (its key turboq.k_center).
     exact_decode: decode reads with the C's butterflies bit for bit instead of the faster matmul.
     """
 
-    def __init__(self, config, cache_type_k: str = "turboq3", cache_type_v: str = "turboq3", layer_adaptive: int = 0,
+    def __init__(self, config, cache_type_k: str = "turboq3", cache_type_v: str = "turboq3", layer_adaptive: int | str = 0,
                  k_gains: Sequence[float] | None = None, k_center: bool = True,
                  center_tokens: int = CENTER_TOKENS, exact_decode: bool = False) -> None:
         decoder = config.get_text_config(decoder=True)
@@ -276,6 +276,7 @@ class TurboQuantCache(DynamicCache):
         unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
         if unknown:
             raise ValueError(f"TurboQuantCache supports full and sliding-window attention layers, not {', '.join(unknown)}")
+        layer_adaptive = la.check_mode(layer_adaptive)
         self.layer_types_kv = layer_cache_types(len(layer_types), cache_type_k, cache_type_v, layer_adaptive, k_gains,
                                                 [kind == "sliding_attention" for kind in layer_types])
         requested = (cache_type_k, cache_type_v)

@@ -1,13 +1,13 @@
 """The KV-cache codecs in torch: turboq2/3/4/8, their twins (_g64, _g32, _g16: 64-, 32- and 16-value groups) and
-the trellis types (turboq3t, turboq2t) bit for bit equal to pyturbo.lab.reference and the C codec, q8_0 equal to
+the trellis types (turboq3t, turboq2t) bit for bit equal to pyturbo.format.reference and the C codec, q8_0 equal to
 ggml's reference quantizer, and the plain float types.
 
 Rows are [..., n] float tensors; a row's bytes are [..., n // block_size * block_bytes] uint8, the
 blocks of the row in order, exactly as one llama.cpp cache row holds them. Every float operation
-of the turboq path is float32 and in the C order (pyturbo/lab/reference.py documents it): fixed
+of the turboq path is float32 and in the C order (pyturbo/format/reference.py documents it): fixed
 halving-tree sums, Walsh-Hadamard butterflies h = 1..g/2, no fused multiply-add (torch's eager
 elementwise ops on the CPU never fuse). A trellis group's path search and its code stream are the
-NumPy reference's own (pyturbo.lab.trellis.viterbi, reference.pack/unpack): a step of the search
+NumPy reference's own (pyturbo.format.trellis.viterbi, reference.pack/unpack): a step of the search
 is one operation on every group at once, which NumPy does faster than torch for a cache row's few
 groups, and one copy of the search is what the C encoders are checked against.
 """
@@ -20,9 +20,9 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ..lab import reference, trellis
-from ..lab.codebook import D, SIGN_SEED, TRELLIS_BITS, codebooks, thresholds, trellis_codebooks
-from ..lab.signs import sign_lists
+from ..format import reference, trellis
+from ..format.codebook import D, SIGN_SEED, TRELLIS_BITS, codebooks, thresholds, trellis_codebooks
+from ..format.signs import sign_lists
 from ..types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, CacheType, cache_type, turboq_base
 
 FLOAT_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -66,7 +66,7 @@ _sign_seed = SIGN_SEED
 
 @contextlib.contextmanager
 def rotation_seed(seed: int) -> Iterator[None]:
-    """Encode and decode with the signs of another seed (pyturbo.lab.signs' rule), for measuring
+    """Encode and decode with the signs of another seed (pyturbo.format.signs' rule), for measuring
     how much a result moves with the rotation draw; they match a C build configured with
     -DPYTURBO_SIGN_SEED=<seed>, not the shipped one."""
     global _sign_seed

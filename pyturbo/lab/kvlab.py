@@ -23,10 +23,10 @@ from typing import Callable
 import numpy as np
 
 from .._paths import cache_dir
-from . import reference as ref
-from . import trellis
-from .codebook import D, codebooks, lloyd_max, thresholds
-from .signs import sign_lists
+from ..format import reference as ref
+from ..format import trellis
+from ..format.codebook import D, codebooks, lloyd_max, thresholds
+from ..format.signs import sign_lists
 
 GGML_MAX_DIMS = 4
 GGML_MAX_OP_PARAMS = 64
@@ -145,7 +145,7 @@ def dumped(model: Path, ctx: int = 512, chunks: int = 2) -> Path:
 
 @lru_cache(maxsize=None)
 def rotation(kind: str = "wht", seed: int | None = None, d: int = D) -> np.ndarray:
-    """Orthogonal R [128,128] with y = R x: the randomized WHT (signs from pyturbo.lab.signs;
+    """Orthogonal R [128,128] with y = R x: the randomized WHT (signs from pyturbo.format.signs;
     seed None = the shipped signs), or RotorQuant's block rotations:
     "planar" (random 2-D Givens rotations of pairs) and "iso" (random 4-D rotations, the
     quaternion blocks)."""
@@ -190,7 +190,7 @@ def _nearest(y: np.ndarray, name: str, group: int = D) -> np.ndarray:
 
 
 def _lloyd_max(d: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """(centroids, thresholds) of the Lloyd-Max quantizer for groups of d values (pyturbo.lab.codebook's)."""
+    """(centroids, thresholds) of the Lloyd-Max quantizer for groups of d values (pyturbo.format.codebook's)."""
     lm = lloyd_max(bits, d=d)
     return lm.centroids, lm.thresholds
 
@@ -450,7 +450,7 @@ def run_table(chunks: list[dict[str, np.ndarray]], scale: float, seeds: list[int
 # ---- end to end: the same variants through llama-perplexity, where the C code has them ----
 
 # lab variant name -> (K type, V type, environment)
-_UNCENTERED, _UNSCALED = {"TURBOQ_K_CENTER": "0"}, {"TURBOQ_K_BALANCE": "0"}
+_UNCENTERED, _UNSCALED = {"LLAMA_ARG_KV_K_CENTER": "off"}, {"TURBOQ_K_BALANCE": "0"}
 END_TO_END = {
     "q8_0": ("q8_0", "q8_0", {}),
     "q4_0": ("q4_0", "q4_0", {}),

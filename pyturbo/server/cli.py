@@ -34,15 +34,20 @@ def parser() -> argparse.ArgumentParser:
     names = ", ".join(CACHE_TYPES)
     ap.add_argument("--cache-type-k", "-ctk", default="f16", help=f"K cache type: {names}")
     ap.add_argument("--cache-type-v", "-ctv", default="f16", help=f"V cache type: {names}")
-    ap.add_argument("--layer-adaptive", type=int, default=0, help="layer-adaptive mode: per-layer K/V types (see the README)")
+    ap.add_argument("--layer-adaptive", type=layer_adaptive.parse_mode, default=0, metavar="MODE",
+                    help="layer-adaptive mode, its number or name (4 or k4-global): per-layer K/V types "
+                         "(see docs/usage.md; default 0 = off)")
     ap.add_argument("--kv-exact-window", type=int, default=0, metavar="W",
                     help="quantized caches: each sequence's last W positions read exact, from F16 rows kept beside "
-                         "the cache (CPU; see the README; default 0 = off)")
+                         "the cache (CPU; see docs/usage.md; default 0 = off)")
     ap.add_argument("--kv-exact-window-margin", type=int, default=None, metavar="M",
                     help="with --kv-exact-window: positions kept exact beyond the window, so that it stays whole "
                          "after the last M are removed again (a reused prompt, speculative drafts); 0 saves "
                          "their memory, and a prompt reused short of its end is then processed again "
                          "(default: the model's, else 16)")
+    ap.add_argument("--kv-k-center", choices=("on", "off"), default=None,
+                    help="turboq K caches: K centered on the model's calibrated mean and scaled per channel (on), "
+                         "or stored as it comes (off, for comparisons); default: the model's, else on")
     ap.add_argument("--n-ctx", type=int, default=4096, help="context of each slot, in tokens (default 4096)")
     ap.add_argument("--parallel", "-np", type=int, default=4,
                     help="slots decoding at once (llama-server engine; default 4). The python engine serves one "
@@ -120,7 +125,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.extra and args.engine != "llama-server":
         raise ValueError(f"extra flags {' '.join(args.extra)!r} are llama-server flags; the python engine takes none")
     # these set what the memory check and the cache types already decided
-    for flag in ("--layer-adaptive", "--kv-exact-window", "--kv-exact-window-margin", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v"):
+    for flag in ("--layer-adaptive", "--kv-exact-window", "--kv-exact-window-margin", "--kv-k-center", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v"):
         if any(a == flag or a.startswith(flag + "=") for a in args.extra):
             raise ValueError(f"{flag} after '--': give it as python -m server's own option")
 
@@ -194,7 +199,8 @@ def main(argv: list[str] | None = None) -> None:
                                            llama_server.Draft(args.draft_model, args.cache_type_k_draft,
                                                               args.cache_type_v_draft, args.draft_max)
                                            if args.draft_model else None,
-                                           args.embeddings, args.kv_exact_window, args.kv_exact_window_margin)
+                                           args.embeddings, args.kv_exact_window, args.kv_exact_window_margin,
+                                           args.kv_k_center)
             binary("llama-server")
         except FileNotFoundError as e:
             sys.exit(f"server: {e}")
@@ -215,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
         app = python_engine.build_app(model, args.cache_type_k, args.cache_type_v, args.layer_adaptive, args.n_ctx,
                                       args.n_threads, alias, args.host, args.port, args.api_key, fallback,
                                       verbose=not args.quiet, kv_exact_window=args.kv_exact_window,
-                                      kv_exact_window_margin=args.kv_exact_window_margin)
+                                      kv_exact_window_margin=args.kv_exact_window_margin,
+                                      k_center=None if args.kv_k_center is None else args.kv_k_center == "on")
     except (ValueError, ContextError) as e:
         sys.exit(f"server: {e}")
     sys.exit(python_engine.run(app, args.host, args.port, args.quiet))

@@ -61,6 +61,7 @@ class LaunchSpec:
     embeddings: str | None = None  # the pooling, when /v1/embeddings is served
     kv_exact_window: int = 0
     kv_exact_window_margin: int | None = None  # None: the model's
+    kv_k_center: str | None = None  # "on" or "off"; None: the model's
 
     def argv(self) -> list[str]:
         argv = [str(binary("llama-server")), "-m", self.model, "-a", self.alias,
@@ -68,10 +69,12 @@ class LaunchSpec:
                 # llama-server's -c is the total that its slots share
                 "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
                 "--host", self.host, "--port", str(self.port)]
-        # also when 0: the argument beats a TURBO_LAYER_ADAPTIVE in the caller's environment
+        # also when 0: the argument beats a LLAMA_ARG_LAYER_ADAPTIVE in the caller's environment
         argv += ["--layer-adaptive", str(self.layer_adaptive), "--kv-exact-window", str(self.kv_exact_window)]
         if self.kv_exact_window_margin is not None:
             argv += ["--kv-exact-window-margin", str(self.kv_exact_window_margin)]
+        if self.kv_k_center is not None:
+            argv += ["--kv-k-center", self.kv_k_center]
         if self.n_threads:
             argv += ["-t", str(self.n_threads), "-tb", str(self.n_threads)]
         if self.chat_fallback:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pyturbo.llama as pl  # sets LLAMA_CPP_LIB_PATH before llama_cpp loads
-from pyturbo import exact_window, layer_adaptive
+from pyturbo import exact_window, k_centering, layer_adaptive
 from pyturbo.types import requested_cache_type
 
 import uvicorn
@@ -31,6 +31,7 @@ class TurboModelSettings(ModelSettings):
     layer_adaptive: int = 0
     kv_exact_window: int = 0
     kv_exact_window_margin: int | None = None
+    k_center: bool | None = None
     chat_template_file: str | None = None
     chat_end_of_turn: str | None = None
 
@@ -46,8 +47,11 @@ def _load_model(settings: ModelSettings):
     window = exact_window.kv_override(getattr(settings, "kv_exact_window", 0),
                                       getattr(settings, "kv_exact_window_margin", None))
     wv = window[exact_window.key()]
+    center = getattr(settings, "k_center", None)
+    center = [] if center is None else [f"{k_centering.key()}=bool:{str(center).lower()}"]
     settings = settings.model_copy(update={"kv_overrides": [*(settings.kv_overrides or []), f"{k}=int:{v}",
-                                                            *(f"{key}=int:{n}" for key, n in window.items())]})
+                                                            *(f"{key}=int:{n}" for key, n in window.items()),
+                                                            *center]})
     with pl.creating_context(verbose=settings.verbose):
         llm = _load_upstream(settings)
     if wv:  # a reused prompt prefix is processed again where the window no longer holds its end
@@ -89,13 +93,14 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
               n_ctx: int = 4096, n_threads: int | None = None, alias: str | None = None,
               host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
               chat_fallback: Fallback | None = None, verbose: bool = True, kv_exact_window: int = 0,
-              kv_exact_window_margin: int | None = None):
+              kv_exact_window_margin: int | None = None, k_center: bool | None = None):
     tk, tv = requested_cache_type(cache_type_k), requested_cache_type(cache_type_v)
     ms = TurboModelSettings(model=model, model_alias=alias or Path(model).name, n_ctx=n_ctx, type_k=tk.ggml_id,
                             type_v=tv.ggml_id, flash_attn=True, layer_adaptive=layer_adaptive,
                             kv_exact_window=exact_window.check(kv_exact_window),
                             kv_exact_window_margin=None if kv_exact_window_margin is None
-                            else exact_window.check_margin(kv_exact_window_margin), verbose=verbose,
+                            else exact_window.check_margin(kv_exact_window_margin), k_center=k_center,
+                            verbose=verbose,
                             chat_template_file=str(chat_fallback.path) if chat_fallback else None,
                             chat_end_of_turn=chat_fallback.end_of_turn if chat_fallback else None,
                             # llama-cpp-python's default keeps n_ctx x n_vocab logits: 32 GiB for Gemma 3 at 32k
@@ -111,7 +116,7 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
     def health() -> dict:
         return {"status": "ok", "model": ms.model_alias, "cache_type_k": tk.name, "cache_type_v": tv.name,
                 "layer_adaptive": layer_adaptive, "kv_exact_window": kv_exact_window,
-                "kv_exact_window_margin": kv_exact_window_margin}
+                "kv_exact_window_margin": kv_exact_window_margin, "k_center": k_center}
 
     @app.middleware("http")
     async def reject_bad_requests(request: Request, call_next):

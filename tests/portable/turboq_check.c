@@ -1,5 +1,5 @@
 // turboq-check: runs the turboq CPU paths of a ggml build on inputs from files and writes what they
-// produce, for tests/test_portable_kernels.py to compare with pyturbo.lab.reference. It exists for
+// produce, for tests/test_portable_kernels.py to compare with pyturbo.format.reference. It exists for
 // builds that Python cannot load: an AArch64 build run under qemu-user, and the x86 build with
 // AVX2/FMA off. Everything goes through ggml graphs on the CPU, as in llama.cpp.
 //

@@ -19,12 +19,22 @@
 // cache stores it and Q as attention reads it, both after RoPE). mu is fitted to the positions a
 // sequence of the context spans (n_ctx_seq), not to the calibration's 512: each RoPE pair's mean
 // is turned back to position 0 and averaged over that span, so a pair that turns a lot over the
-// context gets no mean (TURBOQ_K_MEAN_SPAN=N: N positions instead, 0: the calibration's; debug).
+// context gets no mean.
 // Neither depends on what a context has processed, so a request's answer does not depend on
 // other requests, slots or restarts. They live in the cache buffer (one tensor per layer: mu,
 // then s); the K-shift undoes them around RoPE, and a saved state carries them, so a state is
-// restored only into a cache with the same ones. TURBOQ_K_CENTER=0 turns both off,
-// TURBOQ_K_BALANCE=0 the scale (debug).
+// restored only into a cache with the same ones. The model key turboq.k_center=false turns both
+// off (llama_turboq_k_center_key), TURBOQ_K_BALANCE=0 the scale (debug).
+//
+// The calibration's statistics are kept on disk, in pyturbo's cache directory (k-calibration/, one
+// file per model file and build), and read back by the next load of the same model: a load then
+// costs a digest of the model file (about 0.2 s per GB) instead of the prefill. The file's key
+// holds everything the statistics depend on (the model's bytes and overrides, the devices and
+// kernels that run the calibration, its version, text and length), so a cached and a fresh
+// calibration give the same bits; a file that does not match, or is damaged, is recomputed. The
+// key, the format and the directory are described in llama-turboq-center.cpp ("the calibration
+// cache"). The model's files are noted when it loads (llama_turboq_load_k_center), because the
+// loader, which has them, is gone when the first context calibrates.
 //
 // A seeded build's states (PYTURBO_SIGN_SEED) are marked where each turboq layer's type is written,
 // not here (llama_turboq_write_sign_mark, llama-turboq.h), so that caches without K centering are
@@ -36,12 +46,23 @@ struct llama_context_params;
 struct llama_model;
 struct llama_memory_i;
 
-// whether layers with this K type keep a mean and scale (turboq K; TURBOQ_K_CENTER=0 turns it off)
-bool llama_turboq_k_centering(ggml_type type_k);
+// the model key of K centering (bool, default true): off, a turboq K cache is stored as it comes,
+// without the mean or the channel scale (for comparisons, and for a model where they do not help)
+extern "C" const char * llama_turboq_k_center_key(void);
+
+// reads the key (kv_overrides, else the GGUF) into the model when it loads, and notes the model's
+// files and overrides for the calibration cache; throws on a bad value
+struct llama_model_loader;
+void llama_turboq_load_k_center(const llama_model_loader & ml, llama_model & model);
+
+// whether the model's layers with this K type keep a mean and scale (a turboq K, centering on)
+bool llama_turboq_k_centering(const llama_model & model, ggml_type type_k);
 
 // computes the model's K means and scales once (no-op when done, off, or for a model without
-// weights); params are the context's, for its threads and offload settings. A model that cannot be
-// calibrated (no vocabulary, a decode failure) gets no centering (mu = 0, s = 1) and a warning.
+// weights), or reads them from the calibration cache; params are the context's, for its threads
+// and offload settings. A model that cannot be calibrated (no vocabulary, a decode failure) gets no
+// centering (mu = 0, s = 1) and a warning. Logs one line: read from the cache (its path) or
+// computed (why not read, and where it was saved), and the time.
 void llama_turboq_calibrate_k_means(llama_model & model, const llama_context_params & params);
 
 // the per-layer tensor: 2*n_embd_k_gqa floats, mu then s, created in the cache's context

@@ -22,6 +22,10 @@
 #include <tuple>
 #include <unordered_map>
 
+int32_t llama_turboq_exact_window_max(void) {
+    return 4096;
+}
+
 const char * llama_turboq_exact_window_key(void) {
     return "turboq.exact_window";
 }
@@ -30,7 +34,7 @@ const char * llama_turboq_exact_window_margin_key(void) {
     return "turboq.exact_window_margin";
 }
 
-// a number of positions, 0..4096, from kv_overrides, else the GGUF, else dflt
+// a number of positions, 0..llama_turboq_exact_window_max(), from kv_overrides, else the GGUF, else dflt
 static int64_t load_positions(const llama_model_loader & ml, const char * key, const char * what, int64_t dflt) {
     int64_t n = dflt;
     const auto it = ml.kv_overrides.find(key);
@@ -45,8 +49,9 @@ static int64_t load_positions(const llama_model_loader & ml, const char * key, c
         }
         n = gguf_get_kv_type(ml.metadata, id) == GGUF_TYPE_INT32 ? gguf_get_val_i32(ml.metadata, id) : gguf_get_val_u32(ml.metadata, id);
     }
-    if (n < 0 || n > 4096) {
-        throw std::runtime_error(std::string(key) + "=" + std::to_string(n) + ": " + what + " is 0 to 4096 positions");
+    if (n < 0 || n > llama_turboq_exact_window_max()) {
+        throw std::runtime_error(std::string(key) + "=" + std::to_string(n) + ": " + what + " is 0 to " +
+                                 std::to_string(llama_turboq_exact_window_max()) + " positions");
     }
     return n;
 }

@@ -57,10 +57,14 @@ struct llama_ubatch;
 extern "C" const char * llama_turboq_exact_window_key(void);
 extern "C" const char * llama_turboq_exact_window_margin_key(void);
 
+// the largest window (and margin) in positions, 4096: the rows cost F16 memory per sequence and
+// layer, and a longer window is no longer a window; common and the bindings ask for it
+extern "C" int32_t llama_turboq_exact_window_max(void);
+
 struct llama_model_loader;
 
 // reads the model's window and margin while it loads: from kv_overrides, else the GGUF, else 0 and
-// 16; throws std::runtime_error for a value that is not 0..4096
+// 16; throws std::runtime_error for a value that is not 0..llama_turboq_exact_window_max()
 void llama_turboq_load_exact_window(const llama_model_loader & ml, llama_model & model);
 
 // whether ctx's caches hold exact rows for positions [n_past - W, n_past) of seq, so that decoding

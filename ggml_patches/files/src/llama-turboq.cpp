@@ -1,4 +1,5 @@
 #include "llama-turboq.h"
+#include "llama-turboq-center.h"
 
 #include "llama-impl.h"
 #include "llama-io.h"
@@ -43,16 +44,20 @@ struct layer_policy {
     // needle: on Gemma 3 270M, whose 3 such layers of 18 hold most of a long context's cache, a
     // turboq4 K on them alone keeps what f16 finds)
     bool      full_context;
+    // what the mode does, for users: the flag takes it beside the number (which keeps working)
+    const char * name;
 };
 
+constexpr const char * MODE_0_NAME = "off";  // mode 0: every layer as -ctk/-ctv ask
+
 constexpr layer_policy policies[] = {
-    { 1, 4, 4, 0, GGML_TYPE_Q8_0,      GGML_TYPE_Q8_0,      KEEP,                false },
-    { 2, 0, 8, 0, GGML_TYPE_Q8_0,      GGML_TYPE_Q8_0,      KEEP,                false },
-    { 3, 0, 0, 9, GGML_TYPE_Q8_0,      KEEP,                KEEP,                false },
-    { 4, 0, 0, 1, GGML_TYPE_TURBOQ4_0, KEEP,                KEEP,                true  },
-    { 5, 2, 2, 0, KEEP,                GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0, false },
-    { 6, 0, 8, 0, KEEP,                GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0, false },
-    { 7, 2, 2, 0, KEEP,                GGML_TYPE_Q8_0,      GGML_TYPE_TURBOQ2_0, false },
+    { 1, 4, 4, 0, GGML_TYPE_Q8_0,      GGML_TYPE_Q8_0,      KEEP,                false, "q8-edges"    },
+    { 2, 0, 8, 0, GGML_TYPE_Q8_0,      GGML_TYPE_Q8_0,      KEEP,                false, "q8-last8"    },
+    { 3, 0, 0, 9, GGML_TYPE_Q8_0,      KEEP,                KEEP,                false, "k8-gain"     },
+    { 4, 0, 0, 1, GGML_TYPE_TURBOQ4_0, KEEP,                KEEP,                true,  "k4-global"   },
+    { 5, 2, 2, 0, KEEP,                GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0, false, "v2-edges-v4" },
+    { 6, 0, 8, 0, KEEP,                GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0, false, "v2-last8-v4" },
+    { 7, 2, 2, 0, KEEP,                GGML_TYPE_Q8_0,      GGML_TYPE_TURBOQ2_0, false, "v2-edges-q8" },
 };
 
 const layer_policy * policy_of(int mode) {
@@ -65,11 +70,12 @@ const layer_policy * policy_of(int mode) {
 }
 
 std::string valid_modes() {
-    std::string s = "0";
+    std::string s = "0", names = std::string(" (or their names: ") + MODE_0_NAME;
     for (const auto & p : policies) {
         s += ", " + std::to_string(p.mode);
+        names += std::string(", ") + p.name;
     }
-    return s;
+    return s + names + ")";
 }
 
 // RMS of a weight tensor's values, read from whichever backend holds it
@@ -108,6 +114,14 @@ bool llama_turboq_layer_policy(int32_t i, int32_t * out) {
     return true;
 }
 
+const char * llama_turboq_layer_adaptive_name(int32_t mode) {
+    if (mode == 0) {
+        return MODE_0_NAME;
+    }
+    const layer_policy * p = policy_of(mode);
+    return p ? p->name : nullptr;
+}
+
 const char * llama_turboq_layer_adaptive_key(void) {
     return "turboq.layer_adaptive";
 }
@@ -122,7 +136,7 @@ void llama_turboq_load_model_settings(const llama_model_loader & ml, llama_model
             throw std::runtime_error(std::string(key) + ": the override must be an int (a layer-adaptive mode)");
         }
         mode = it->second.val_i64;
-        from = "set by --layer-adaptive, TURBO_LAYER_ADAPTIVE or kv_overrides";
+        from = "set by --layer-adaptive, LLAMA_ARG_LAYER_ADAPTIVE or kv_overrides";
     } else if (const int64_t id = gguf_find_key(ml.metadata, key); id >= 0) {
         switch (gguf_get_kv_type(ml.metadata, id)) {
             case GGUF_TYPE_INT8:   mode = gguf_get_val_i8 (ml.metadata, id); break;
@@ -143,6 +157,7 @@ void llama_turboq_load_model_settings(const llama_model_loader & ml, llama_model
                                  ") is not a layer-adaptive mode: valid modes are " + valid_modes());
     }
     model.turboq_layer_adaptive = (int) mode;
+    llama_turboq_load_k_center(ml, model);  // the model's other turboq setting read here (llama-turboq-center.h)
 }
 
 int llama_turboq_layer_adaptive_mode(const llama_model & model) {
@@ -277,6 +292,13 @@ uint32_t llama_turboq_head_block(ggml_type type, uint32_t n_embd_head) {
     return (uint32_t) ggml_blck_size(llama_turboq_type_for_head(type, n_embd_head));
 }
 
+int32_t llama_turboq_stored_type(int32_t type, uint32_t n_embd_head) {
+    if (type < 0 || type >= GGML_TYPE_COUNT) {
+        return type;
+    }
+    return llama_turboq_type_for_head((ggml_type) type, n_embd_head);
+}
+
 int32_t llama_turboq_mode_type_for_head(int32_t type, uint32_t n_embd_head) {
     if (type < 0 || type >= GGML_TYPE_COUNT) {
         return type;
@@ -382,8 +404,8 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
         const kv_ops_on_device ops = device_takes_kv_types(dev, lt, n_embd_head_k, n_embd_head_v, n_gqa);
         if (!ops.set_rows || !ops.attention) {
             throw std::runtime_error(format("layer %u: head size %u: its KV cache (K %s, V %s) is on %s, which declines "
-                "the trellis types' SET_ROWS or flash attention (the CPU backend and Vulkan compute them, CUDA with "
-                "GGML_CUDA_TURBOQ_TWINS=1); keep the KV cache on the CPU (--no-kv-offload, offload_kqv=False) or use %s",
+                "the trellis types' SET_ROWS or flash attention (the CPU backend and Vulkan compute them, CUDA built with "
+                "-DGGML_CUDA_TURBOQ_TWINS=ON); keep the KV cache on the CPU (--no-kv-offload, offload_kqv=False) or use %s",
                 il, n_embd_head_k,
                 ggml_type_name(lt.type_k), ggml_type_name(lt.type_v), ggml_backend_dev_name(dev), released));
         }
@@ -428,16 +450,31 @@ void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_b
     if (!ops.set_rows || !ops.attention) {
         throw std::runtime_error(format("layer %u: head size %u: its turboq cache stores %d-value groups (%s), and this "
             "layer's KV cache is on %s, which declines their SET_ROWS or flash attention (the CPU backend computes "
-            "them, Vulkan at head sizes 64, 80, 96 and 192 and MLA's 576, CUDA with GGML_CUDA_TURBOQ_TWINS=1); keep the KV cache "
+            "them, Vulkan at head sizes 64, 80, 96 and 192 and MLA's 576, CUDA built with -DGGML_CUDA_TURBOQ_TWINS=ON); keep the KV cache "
             "on the CPU (--no-kv-offload, offload_kqv=False) or use %s",
             il, n_embd_head, group, type_name, ggml_backend_dev_name(dev),
             n_embd_head % 32 == 0 ? "q8_0 or q4_0, whose 32-value blocks every backend takes" : "f16 (q8_0's and q4_0's 32-value blocks do not divide this head size)"));
     }
 }
 
+bool llama_turboq_trellis_built(void) {
+#ifdef PYTURBO_TRELLIS
+    return true;
+#else
+    return false;
+#endif
+}
+
+int32_t llama_turboq_trellis_released_type(int32_t type) {
+    if (type < 0 || type >= GGML_TYPE_COUNT || !ggml_is_turboq_trellis((ggml_type) type)) {
+        return -1;
+    }
+    return type == GGML_TYPE_TURBOQ3_T ? GGML_TYPE_TURBOQ3_0 : GGML_TYPE_TURBOQ2_0;
+}
+
 const char * llama_turboq_trellis_released(ggml_type type) {
     GGML_ASSERT(ggml_is_turboq_trellis(type));
-    return type == GGML_TYPE_TURBOQ3_T ? "turboq3" : "turboq2";
+    return ggml_type_name((ggml_type) llama_turboq_trellis_released_type(type));
 }
 
 void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t il, uint32_t n_embd_head) {

@@ -5,7 +5,7 @@
 //
 // The layer-adaptive mode picks per-layer K/V types when a KV cache is created. It is a setting of
 // the model, the key turboq.layer_adaptive: read when the model loads, from kv_overrides (common's
-// --layer-adaptive, whose environment alias is TURBO_LAYER_ADAPTIVE; llama-cpp-python's
+// --layer-adaptive, whose environment alias is LLAMA_ARG_LAYER_ADAPTIVE; llama-cpp-python's
 // kv_overrides) or from the GGUF, 0 when neither has it:
 //   0  uniform (default)
 //   1  K+V = q8_0 for the first 4 and last 4 layers
@@ -50,6 +50,19 @@ extern "C" bool llama_turboq_boundary_from_gains(int32_t mode, int32_t n_layer, 
 // twin of llama_turboq_type_for_head; for bindings (type: a ggml type id)
 extern "C" int32_t llama_turboq_mode_type_for_head(int32_t type, uint32_t n_embd_head);
 
+// the type a layer of head size n_embd_head stores for a requested type (-ctk/-ctv): a turboq type
+// in the twin of the largest group that divides the head size (llama_turboq_type_for_head, with the
+// debug switch TURBOQ_GROUP), any other type itself; for bindings (type: a ggml type id)
+extern "C" int32_t llama_turboq_stored_type(int32_t type, uint32_t n_embd_head);
+
+// the released type (a ggml type id) that stores a trellis type's bits in its block size (turboq3
+// for turboq3t), which refusals of the trellis type name; -1 for any other type
+extern "C" int32_t llama_turboq_trellis_released_type(int32_t type);
+
+// the name of a layer-adaptive mode ("off" for 0, "k4-global" for 4, ...), which the flag takes
+// beside its number; NULL for a number that is not a mode
+extern "C" const char * llama_turboq_layer_adaptive_name(int32_t mode);
+
 // the key, for tools and bindings that set it ("turboq.layer_adaptive")
 extern "C" const char * llama_turboq_layer_adaptive_key(void);
 
@@ -92,7 +105,7 @@ bool llama_turboq_is_rpc(ggml_backend_dev_t dev);
 // throws std::runtime_error, naming the layer, its head size and what works, when a layer whose
 // cache takes a _g64, _g32 or _g16 type or a trellis type would have it on a device that does not compute it (`dev`: the layer's
 // KV device, NULL when the cache stays on the CPU; asked through supports_op: Vulkan does, CUDA
-// with its debug switch GGML_CUDA_TURBOQ_TWINS=1), or on an RPC server's layer even with the cache here (its flash attention would run
+// built with -DGGML_CUDA_TURBOQ_TWINS=ON), or on an RPC server's layer even with the cache here (its flash attention would run
 // on the server, which may not have the type). A device that declines a 128-value type at the
 // layer's head size gets a warning: its attention would run on the CPU. n_gqa: query heads per KV head
 void llama_turboq_check_layer_device(const llama_turboq_layer_types & lt, ggml_backend_dev_t dev, uint32_t il,
@@ -105,6 +118,10 @@ void llama_turboq_explain_head_size(const char * side, ggml_type type, uint32_t 
 // the released type of a trellis type's bits (turboq3 for turboq3t, turboq2 for turboq2t), which
 // the refusals of an experimental type name
 const char * llama_turboq_trellis_released(ggml_type type);
+
+// whether this build takes the experimental trellis types as KV cache types (CMake's
+// -DPYTURBO_TRELLIS=ON, off by default); bindings ask it rather than keep a copy of the rule
+extern "C" bool llama_turboq_trellis_built(void);
 
 // throws std::runtime_error when a layer's types cannot work (head_dim, flash attention off)
 void llama_turboq_check_layer_types(const llama_turboq_layer_types & lt, uint32_t il, uint32_t n_embd_head_k,

@@ -5,7 +5,7 @@
 // (ggml-cpu/turboq-quants.c), which plug in the architecture's versions of the element-wise steps
 // (ggml-cpu/arch/<arch>/turboq-kernels.h).
 // A step's SIMD version runs the same IEEE operations on the same values in the same order as its
-// generic one, so both quantizers write the same bytes, which pyturbo/lab/reference.py reproduces.
+// generic one, so both quantizers write the same bytes, which pyturbo/format/reference.py reproduces.
 // Every file that includes this one is built with -ffp-contract=off: no multiply-add may be fused.
 //
 // The includer defines GGML_COMMON_DECL_* and includes ggml-common.h first.

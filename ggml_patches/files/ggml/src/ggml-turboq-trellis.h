@@ -13,7 +13,7 @@
 // k-bit code of value t (k = 3 or 2, L = TURBOQ_TRELLIS_L); the block stores the codes one after
 // another, most significant bit first, so s_t is also the L stream bits that end with c_t. The
 // encoder takes the path of least squared error over the whole group (Viterbi), keeping the first
-// minimum on ties; pyturbo/lab/trellis.py's viterbi is the same float32 operations in the same order,
+// minimum on ties; pyturbo/format/trellis.py's viterbi is the same float32 operations in the same order,
 // provided no multiply-add is fused: the encoder's users include it through ggml-turboq-encode.h,
 // which turns contraction off, and are built with -ffp-contract=off.
 

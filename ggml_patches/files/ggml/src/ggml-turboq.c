@@ -14,7 +14,7 @@
 // Decoding: x = norm * D1.H.D2.c/sqrt(128), i.e. values come back in the original domain, so
 // get_rows, copies and the K-shift (RoPE of cached K) see ordinary numbers.
 //
-// pyturbo/lab/reference.py mirrors every float operation here in NumPy, bit for bit: sums are a
+// pyturbo/format/reference.py mirrors every float operation here in NumPy, bit for bit: sums are a
 // fixed halving tree, the butterflies run h = 1..64, and this file is built with
 // -ffp-contract=off so that no multiply-add is fused behind our back.
 //

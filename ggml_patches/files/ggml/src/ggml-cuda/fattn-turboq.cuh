@@ -6,7 +6,7 @@
 //     once per output row, in the combine kernel.
 // K and V are each one of f16, q8_0 or a turboq type (at least one of them turboq), at one head
 // size D for both: 128 or 256 with turboq2/3/4/8, 64 with the _g64 twins, 96 with the _g32 twins
-// (pyturbo/lab/cuda_instances.py lists the instances).
+// (pyturbo/format/cuda_instances.py lists the instances).
 //
 // This kernel serves decode and batches of up to TQ_FA_PACKED_MAX_BATCH queries (larger ones
 // convert K/V to f16 for the mainline tensor-core kernels, see turboq.cuh). A block of 4 warps

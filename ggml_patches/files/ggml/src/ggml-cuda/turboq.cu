@@ -50,15 +50,15 @@ static dim3 tq_grid(const int64_t n_groups) {
 
 // The kernels of the _g64, _g32 and _g16 twins and of the trellis types (turboq3t, turboq2t) have
 // run only under CPU emulation (tests/harness/turboq_cuda_emulation.cpp), never on a GPU, so this
-// backend declines them unless the debug switch GGML_CUDA_TURBOQ_TWINS=1 is set
-// (bench/cuda_check.sh sets it to test them); llama.cpp then refuses a layer that needs them,
+// backend declines them unless it was built with -DGGML_CUDA_TURBOQ_TWINS=ON (off by default;
+// bench/cuda_check.sh turns it on to test them); llama.cpp then refuses a layer that needs them,
 // naming the device.
-static bool tq_twins_enabled() {
-    static const bool on = [] {
-        const char * e = getenv("GGML_CUDA_TURBOQ_TWINS");
-        return e != nullptr && strcmp(e, "1") == 0;
-    }();
-    return on;
+static constexpr bool tq_twins_enabled() {
+#ifdef GGML_CUDA_TURBOQ_TWINS
+    return true;
+#else
+    return false;
+#endif
 }
 
 // The _g16 twins' flash attention (head size 80, which the packed kernel's 32-lane rows do not
@@ -312,7 +312,7 @@ void (*ggml_cuda_turboq_get_to_fp16_nc(ggml_type type))(const void * x, half * y
 
 // ---- flash attention dispatch ----
 
-// the instances: fattn-turboq-cases.inc, generated with them by pyturbo/lab/cuda_instances.py
+// the instances: fattn-turboq-cases.inc, generated with them by pyturbo/format/cuda_instances.py
 #define TQ_FA_CASE(D, type_K, type_V) EXTERN_DECL_TQ_FA_CASE(D, type_K, type_V);
 #include "fattn-turboq-cases.inc"
 #undef TQ_FA_CASE
@@ -340,7 +340,7 @@ bool ggml_cuda_turboq_fa_supported(const ggml_tensor * dst) {
     }
     for (const ggml_tensor * t : { K, V }) {
         if (ggml_turboq_group(t->type) && !ggml_cuda_turboq_type(t->type)) {
-            return false; // a twin without GGML_CUDA_TURBOQ_TWINS=1
+            return false; // a twin in a build without GGML_CUDA_TURBOQ_TWINS
         }
     }
     const int64_t D = Q->ne[0];

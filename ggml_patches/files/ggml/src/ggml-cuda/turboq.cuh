@@ -8,7 +8,7 @@
 // ---- host API (turboq.cu) ----
 
 // the turboq types this backend takes: the 128-value ones, and the _g64/_g32 twins where the
-// debug switch GGML_CUDA_TURBOQ_TWINS=1 is set (turboq.cu says why)
+// build option -DGGML_CUDA_TURBOQ_TWINS=ON is on (turboq.cu says why)
 bool ggml_cuda_turboq_type(ggml_type type);
 
 void ggml_cuda_turboq_set_rows(ggml_backend_cuda_context & ctx, ggml_tensor * dst);

@@ -1,0 +1,37 @@
+"""K centering: a turboq K cache stores (k - mu) * s, mu the model's calibrated mean K and s a
+per-channel scale, and attention reads it with q / s (llama-turboq-center.h).
+
+It is on by default. It is a setting of the model, the key `key()` ("turboq.k_center", a bool):
+llama.cpp's tools set it with `--kv-k-center on|off` (environment alias LLAMA_ARG_KV_K_CENTER),
+llama-cpp-python with `kv_overrides`, pyturbo.Llama with `k_center=`, `python -m server` with
+`--kv-k-center`, and pyturbo.hf's cache with its own `k_center=`.
+"""
+from __future__ import annotations
+
+import ctypes as C
+from functools import lru_cache
+
+from ._paths import library
+
+ENV = "LLAMA_ARG_KV_K_CENTER"  # common's set_env alias of --kv-k-center
+
+
+@lru_cache(maxsize=1)
+def key() -> str:
+    """The model key that holds the setting, as libllama names it."""
+    fn = library("llama").llama_turboq_k_center_key
+    fn.restype = C.c_char_p
+    fn.argtypes = []
+    return fn().decode()
+
+
+def kv_override(on: bool) -> dict[str, bool]:
+    """The kv_overrides entry that sets it (llama-cpp-python's bool override)."""
+    if not isinstance(on, bool):
+        raise TypeError(f"k_center must be True or False, not {on!r}")
+    return {key(): on}
+
+
+def flag(on: bool) -> str:
+    """The tools' value for --kv-k-center."""
+    return "on" if on else "off"
