@@ -80,8 +80,8 @@ TURBOQ_G16_TYPES = tuple(G16_TYPES)
 
 # The trellis-coded types (issue 21): turboq3's and turboq2's bits and block sizes, values read through a
 # 64-state trellis. Experimental: ggml's CPU and Vulkan backends (CUDA's kernels have not run on a GPU), and libllama (so every tool, and
-# requested_cache_type here) takes them only in a build configured with -DPYTURBO_TRELLIS=ON (scripts/setup.sh's
-# is; `pip install .`'s is not, unless CMAKE_ARGS says so). The codec, the reference, kv_bytes and pyturbo.hf take them.
+# requested_cache_type here) takes them only in a build with the option -DPYTURBO_TRELLIS (on by default; a
+# build may leave them out with -DPYTURBO_TRELLIS=OFF). The codec, the reference, kv_bytes and pyturbo.hf take them.
 TRELLIS_TYPES: dict[str, CacheType] = {t.name: t for t in (
     CacheType("turboq3t", 76, TURBOQ_GROUP, 50),
     CacheType("turboq2t", 77, TURBOQ_GROUP, 34),
@@ -145,7 +145,7 @@ def requested_cache_type(name: str | CacheType) -> CacheType:
     t = cache_type(name)
     if t.name in TRELLIS_TYPES and not trellis_built():
         raise ValueError(f"KV cache type {t.name!r} is experimental (ggml's CPU and Vulkan backends), and this build leaves "
-                         f"it out: configure with -DPYTURBO_TRELLIS=ON (scripts/setup.sh does); "
+                         f"it out: configure with -DPYTURBO_TRELLIS=ON (the default); "
                          f"{trellis_released(t)!r} is its released equivalent")
     if t.name in TWIN_TYPES:
         base, g = turboq_base(t), t.block_size

@@ -34,10 +34,7 @@ python3 -m pip install --quiet --disable-pip-version-check -r /dev/stdin <<< "$r
 source scripts/build_dirs.sh
 BUILD_DIR=$PYTURBO_BUILD_DIR
 # the interpreter is named each time: `pip install .` configures the same build dir from its own
-# -DPYTURBO_TRELLIS=ON: the checkout's build takes the experimental trellis types, which the tests
-# measure (`pip install .` leaves them out unless CMAKE_ARGS says so)
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" $(compiler_args) \
-    -DPYTURBO_TRELLIS=ON >/dev/null
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" $(compiler_args) >/dev/null
 if [ $serve_only = 1 ]; then
     cmake --build "$BUILD_DIR" -j"$(nproc)" --target pyturbo-serve
     python3 -m pyturbo fetch gemma3-270m >/dev/null  # the model that `python -m server` serves by default

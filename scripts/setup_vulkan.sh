@@ -10,5 +10,5 @@ bash scripts/setup_vulkan_deps.sh
 source scripts/build_dirs.sh
 VK_BUILD=$PYTURBO_VULKAN_BUILD_DIR
 upstream=$(patched_upstream)
-cmake -S . -B "$VK_BUILD" -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_DIR="$upstream" -DGGML_VULKAN=ON -DPYTURBO_TRELLIS=ON >/dev/null
+cmake -S . -B "$VK_BUILD" -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_DIR="$upstream" -DGGML_VULKAN=ON >/dev/null
 cmake --build "$VK_BUILD" -j"$(nproc)" --target test-backend-ops llama-perplexity

@@ -418,9 +418,9 @@ def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):
 
 @pytest.mark.seeded
 def test_trellis_types_are_refused_by_a_build_without_them(seeded_build, tiny128, short_text, monkeypatch):
-    """A build configured without -DPYTURBO_TRELLIS=ON (the default; scripts/build_seeded.sh's is
+    """A build configured with -DPYTURBO_TRELLIS=OFF (scripts/build_seeded.sh's is
     one) refuses turboq3t and turboq2t as cache types, saying how to get them and naming the
-    released type of the same bits; the main build (scripts/setup.sh: ON) takes them."""
+    released type of the same bits; the main build (the default, ON) takes them."""
     bin_dir, _ = seeded_build
     monkeypatch.setenv("PYTURBO_BUILD_DIR", str(bin_dir.parent))  # where run_tool finds the tool and its libraries
     r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128",
