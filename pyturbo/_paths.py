@@ -64,6 +64,15 @@ def library(name: str, directory: Path | None = None, mode: int = ctypes.DEFAULT
     return ctypes.CDLL(str((directory or lib_dir()) / library_file(name)), mode=mode)
 
 
+@lru_cache(maxsize=None)
+def llama_function(name: str, restype, *argtypes):
+    """libllama's function `name`, typed once: the rules and keys that pyturbo asks the library for
+    rather than keeping copies (restype/argtypes: ctypes types)."""
+    fn = getattr(library("llama"), name)
+    fn.restype, fn.argtypes = restype, list(argtypes)
+    return fn
+
+
 def binary(name: str) -> Path:
     path = lib_dir() / name
     if not path.exists():

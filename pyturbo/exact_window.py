@@ -18,7 +18,7 @@ from __future__ import annotations
 import ctypes as C
 from functools import lru_cache
 
-from ._paths import library
+from ._paths import library, llama_function
 
 ENV = "LLAMA_ARG_KV_EXACT_WINDOW"                # common's set_env alias of --kv-exact-window
 MARGIN_ENV = "LLAMA_ARG_KV_EXACT_WINDOW_MARGIN"  # and of --kv-exact-window-margin
@@ -27,28 +27,19 @@ MARGIN_ENV = "LLAMA_ARG_KV_EXACT_WINDOW_MARGIN"  # and of --kv-exact-window-marg
 @lru_cache(maxsize=1)
 def max_positions() -> int:
     """The largest window (and margin) that libllama and common take (llama_turboq_exact_window_max)."""
-    fn = library("llama").llama_turboq_exact_window_max
-    fn.restype = C.c_int32
-    fn.argtypes = []
-    return int(fn())
+    return int(llama_function("llama_turboq_exact_window_max", C.c_int32)())
 
 
 @lru_cache(maxsize=1)
 def key() -> str:
     """The model key that holds the window, as libllama names it."""
-    fn = library("llama").llama_turboq_exact_window_key
-    fn.restype = C.c_char_p
-    fn.argtypes = []
-    return fn().decode()
+    return llama_function("llama_turboq_exact_window_key", C.c_char_p)().decode()
 
 
 @lru_cache(maxsize=1)
 def margin_key() -> str:
     """The model key that holds the window's margin."""
-    fn = library("llama").llama_turboq_exact_window_margin_key
-    fn.restype = C.c_char_p
-    fn.argtypes = []
-    return fn().decode()
+    return llama_function("llama_turboq_exact_window_margin_key", C.c_char_p)().decode()
 
 
 def rows_per_sequence(w: int, margin: int | None = None) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes as C
 from functools import lru_cache
 
-from ._paths import library
+from ._paths import llama_function
 
 ENV = "LLAMA_ARG_KV_K_CENTER"  # common's set_env alias of --kv-k-center
 
@@ -19,10 +19,7 @@ ENV = "LLAMA_ARG_KV_K_CENTER"  # common's set_env alias of --kv-k-center
 @lru_cache(maxsize=1)
 def key() -> str:
     """The model key that holds the setting, as libllama names it."""
-    fn = library("llama").llama_turboq_k_center_key
-    fn.restype = C.c_char_p
-    fn.argtypes = []
-    return fn().decode()
+    return llama_function("llama_turboq_k_center_key", C.c_char_p)().decode()
 
 
 def kv_override(on: bool) -> dict[str, bool]:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ._paths import lib_dir, library, library_file
+from ._paths import lib_dir, library, library_file, llama_function
 from .types import CACHE_TYPES, TRELLIS_TYPES, TWIN_TYPES, CacheType, cache_type, layer_cache_type
 
 
@@ -71,10 +71,7 @@ def _boundary_from_gains():
 @lru_cache(maxsize=1)
 def key() -> str:
     """The model key that holds the mode, as libllama names it."""
-    fn = library("llama").llama_turboq_layer_adaptive_key
-    fn.restype = C.c_char_p
-    fn.argtypes = []
-    return fn().decode()
+    return llama_function("llama_turboq_layer_adaptive_key", C.c_char_p)().decode()
 
 
 def kv_override(mode: int) -> dict[str, int]:
@@ -91,9 +88,7 @@ def modes() -> tuple[int, ...]:
 def names() -> dict[int, str]:
     """Each mode's name, as libllama names it ("off", ..., "k4-global", ...): the flag and
     `layer_adaptive=` take it beside the number."""
-    fn = library("llama").llama_turboq_layer_adaptive_name
-    fn.restype = C.c_char_p
-    fn.argtypes = [C.c_int32]
+    fn = llama_function("llama_turboq_layer_adaptive_name", C.c_char_p, C.c_int32)
     return {m: fn(m).decode() for m in modes()}
 
 

@@ -88,14 +88,6 @@ TRELLIS_TYPES: dict[str, CacheType] = {t.name: t for t in (
 )}
 
 
-def _llama_fn(name: str, restype, *argtypes):
-    """A function of the built libllama: the rules below are its, asked rather than copied."""
-    from ._paths import library
-    fn = getattr(library("llama"), name)
-    fn.restype, fn.argtypes = restype, list(argtypes)
-    return fn
-
-
 def _type_by_id(ggml_id: int) -> CacheType:
     return next(t for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values(), *TRELLIS_TYPES.values()) if t.ggml_id == ggml_id)
 
@@ -104,15 +96,17 @@ def _type_by_id(ggml_id: int) -> CacheType:
 def trellis_built() -> bool:
     """Whether the built libllama takes the trellis types as cache types (-DPYTURBO_TRELLIS=ON)."""
     import ctypes as C
-    return bool(_llama_fn("llama_turboq_trellis_built", C.c_bool)())
+    from ._paths import llama_function
+    return bool(llama_function("llama_turboq_trellis_built", C.c_bool)())
 
 
 def trellis_released(name: str | CacheType) -> str:
     """The released turboq type that stores a trellis type's bits in its block size (turboq3t: turboq3),
     which a refusal of the trellis type names (libllama's llama_turboq_trellis_released_type)."""
     import ctypes as C
+    from ._paths import llama_function
     t = cache_type(name)
-    released = _llama_fn("llama_turboq_trellis_released_type", C.c_int32, C.c_int32)(t.ggml_id)
+    released = llama_function("llama_turboq_trellis_released_type", C.c_int32, C.c_int32)(t.ggml_id)
     if released < 0:
         raise ValueError(f"{t.name!r} is not a trellis type")
     return _type_by_id(released).name
@@ -131,10 +125,11 @@ def layer_cache_type(name: str | CacheType, head_dim: int) -> CacheType:
     takes the twin of the largest group in TWIN_GROUPS that divides it (none: the type itself, which
     llama.cpp refuses there); TURBOQ_GROUP, libllama's debug switch, is followed too."""
     import ctypes as C
+    from ._paths import llama_function
     t = cache_type(name)
     if not t.is_turboq or t.name in TRELLIS_TYPES:
         return t
-    return _type_by_id(_llama_fn("llama_turboq_stored_type", C.c_int32, C.c_int32, C.c_uint32)(t.ggml_id, head_dim))
+    return _type_by_id(llama_function("llama_turboq_stored_type", C.c_int32, C.c_int32, C.c_uint32)(t.ggml_id, head_dim))
 
 
 def requested_cache_type(name: str | CacheType) -> CacheType:
