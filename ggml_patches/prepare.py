@@ -2,8 +2,8 @@
 """Produce the patched llama.cpp source tree that the build compiles.
 
 Steps: fetch the pinned llama-cpp-python sdist (cached), check its sha256,
-extract vendor/llama.cpp, copy ggml_patches/files/ over it, apply the series with
-`git apply`; with --sign-seed N (CMake's PYTURBO_SIGN_SEED, a debug option), swap the rotation
+extract vendor/llama.cpp, apply the series with `git apply` (new files enter with the patch
+that introduces them); with --sign-seed N (CMake's PYTURBO_SIGN_SEED, a debug option), swap the rotation
 signs of the generated tables for seed N's (pyturbo/format/signs.py). The result is synced into
 --dest file by file, so an unchanged file keeps its mtime and a rebuild after a patch edit
 recompiles only what the patch touched.
@@ -23,8 +23,6 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FILES_DIR = HERE / "files"
-SERIES = HERE / "series"
 
 
 def _load(name: str, rel: str):
@@ -36,6 +34,9 @@ def _load(name: str, rel: str):
     return mod
 
 
+_series_io = _load("pyturbo_series_io", "ggml_patches/series_io.py")  # the series and its new files
+SERIES = _series_io.SERIES
+series = _series_io.series
 _paths = _load("pyturbo_paths", "pyturbo/_paths.py")  # the pin and the cache location
 _signs = _load("pyturbo_signs", "pyturbo/format/signs.py")  # a seeded build's rotation signs
 SIGNED_TABLES = {  # the generated tables whose sign blocks a seeded build replaces; True: GLSL
@@ -121,20 +122,7 @@ def extract_upstream(sdist: Path, out: Path) -> None:
         tar.extractall(out, members=members, filter="data")
 
 
-def series() -> list[Path]:
-    names = [ln.strip() for ln in SERIES.read_text().splitlines()]
-    return [HERE / n for n in names if n and not n.startswith("#")]
-
-
-def new_files() -> list[Path]:
-    return sorted(p.relative_to(FILES_DIR) for p in FILES_DIR.rglob("*") if p.is_file())
-
-
 def apply_series(tree: Path) -> None:
-    for rel in new_files():
-        target = tree / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(FILES_DIR / rel, target)
     for patch in series():
         # inside another work tree (build/ is in the checkout) `git apply` would silently skip every
         # path outside the current directory; the ceiling keeps it from finding that repository
@@ -182,7 +170,7 @@ def inputs_digest(sign_seed: int | None = None) -> str:
     if sign_seed is not None:
         h.update(f"sign seed {sign_seed}".encode())
         h.update((HERE.parent / "pyturbo" / "format" / "signs.py").read_bytes())
-    for p in sorted([SERIES, *series(), *(FILES_DIR / r for r in new_files())]):
+    for p in [SERIES, *series()]:
         h.update(str(p.relative_to(HERE)).encode())
         h.update(p.read_bytes())
     return h.hexdigest()

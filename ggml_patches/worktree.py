@@ -1,14 +1,13 @@
 #!/usr/bin/env python3
 """Edit the patch series as ordinary git work.
 
-  python3 ggml_patches/worktree.py apply DIR    # DIR becomes a git repo: upstream, new files, one commit per patch
-  python3 ggml_patches/worktree.py export DIR   # commits after the new-files commit -> ggml_patches/*.patch + series
+  python3 ggml_patches/worktree.py apply DIR    # DIR becomes a git repo: upstream, one commit per patch
+  python3 ggml_patches/worktree.py export DIR   # the commits after upstream -> ggml_patches/*.patch + series
   python3 ggml_patches/worktree.py prefixes DIR BUILD   # build every prefix of the series (DIR from `apply`)
 
-The new files (ggml_patches/files/) are committed as one commit tagged `pyturbo-files`, right on
-top of the pristine upstream (tagged `pyturbo-upstream`); the patches are the commits after it.
-On export, the current content of every new file is copied back to ggml_patches/files/ and the
-patches are regenerated without those paths, so edits to them may live in any commit.
+The pristine upstream is tagged `pyturbo-upstream`; every commit after it is a patch. A new file
+belongs to the commit that adds it (a diff from /dev/null in its patch), and a later commit that
+changes it exports as a diff.
 """
 from __future__ import annotations
 
@@ -40,54 +39,34 @@ def cmd_apply(tree: Path) -> None:
     git(tree, "add", "-A")
     git(tree, "commit", "-q", "--no-verify", "-m", f"llama.cpp {prepare.UPSTREAM_COMMIT} ({prepare.UPSTREAM_SDIST} sdist)")
     git(tree, "tag", "pyturbo-upstream")
-    for rel in prepare.new_files():
-        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(prepare.FILES_DIR / rel, tree / rel)
-    git(tree, "add", "-A")
-    git(tree, "commit", "-q", "--no-verify", "--allow-empty", "-m", "pyturbo: new files from ggml_patches/files")
-    git(tree, "tag", "pyturbo-files")
     for patch in prepare.series():
         git(tree, "am", "-q", "--keep-cr", str(patch))
-    print(f"worktree: {tree} at {len(prepare.series())} patches on top of pyturbo-files")
+    print(f"worktree: {tree} at {len(prepare.series())} patches on top of pyturbo-upstream")
 
 
 def cmd_export(tree: Path) -> None:
-    files = [str(r) for r in prepare.new_files()]
-    # files added anywhere after pyturbo-files are new files too
-    added = git(tree, "diff", "--name-only", "--diff-filter=A", "pyturbo-upstream", "HEAD", capture=True).split()
-    for rel in sorted(set(files) | set(added)):
-        src = tree / rel
-        dst = prepare.FILES_DIR / rel
-        if src.exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
-        elif dst.exists():
-            dst.unlink()
-    files = [str(r) for r in prepare.new_files()]
-    excludes = [f":(exclude){f}" for f in files]
     for old in HERE.glob("*.patch"):
         old.unlink()
     with tempfile.TemporaryDirectory() as tmp:
         git(tree, "format-patch", "-q", "--no-signature", "--zero-commit", "--no-stat", "-N", "-o", tmp,
-            "pyturbo-files..HEAD", "--", ".", *excludes)
+            "pyturbo-upstream..HEAD")
         names = []
         for p in sorted(Path(tmp).glob("*.patch")):
             shutil.copyfile(p, HERE / p.name)
             names.append(p.name)
     prepare.SERIES.write_text("".join(n + "\n" for n in names))
-    print(f"worktree: exported {len(names)} patches and {len(files)} new files to {HERE}")
+    print(f"worktree: exported {len(names)} patches to {HERE}")
 
 
 def cmd_prefixes(tree: Path, build: Path, first: int, last: int | None, targets: list[str], jobs: int) -> int:
-    """Checks out each prefix of the series in `tree` (upstream + the final new files + patches
-    1..k) and builds it in `build`, one after the other, so that each step recompiles what patch k
+    """Checks out each prefix of the series in `tree` (upstream + patches 1..k) and builds it in `build`, one after the other, so that each step recompiles what patch k
     changed (and ccache serves what an earlier build saw). The tree returns to where it was."""
     if git(tree, "status", "--porcelain", "--untracked-files=no", capture=True).strip():
         sys.exit(f"worktree: {tree} has uncommitted changes")
     head = git(tree, "rev-parse", "--abbrev-ref", "HEAD", capture=True).strip()
     if head == "HEAD":
         head = git(tree, "rev-parse", "HEAD", capture=True).strip()
-    commits = git(tree, "rev-list", "--reverse", "pyturbo-files..HEAD", capture=True).split()
+    commits = git(tree, "rev-list", "--reverse", "pyturbo-upstream..HEAD", capture=True).split()
     last = len(commits) if last is None else last
     if not (1 <= first <= last <= len(commits)):
         sys.exit(f"worktree: prefixes {first}..{last} are not within 1..{len(commits)}")

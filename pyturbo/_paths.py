@@ -27,6 +27,17 @@ _MARKER = library_file("ggml-base")
 
 
 @lru_cache(maxsize=1)
+@lru_cache(maxsize=None)
+def series_io():
+    """ggml_patches/series_io.py (a checkout only): the new files of the patch series, read from and
+    written into the patches; loaded by path, as prepare.py loads it, since ggml_patches is no package."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("pyturbo_series_io", REPO_ROOT / "ggml_patches" / "series_io.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def pin() -> dict:
     """The upstream pin (pyturbo/upstream.json): llama.cpp commit and the sdist that vendors it."""
     return json.loads(PIN_FILE.read_text())

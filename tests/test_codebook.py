@@ -7,27 +7,54 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pyturbo._paths import series_io
 from pyturbo.format import codebook, cuda_instances
 
 
 def test_header_is_regenerated_identically():
+    have = series_io().new_files()
     for path, text in codebook.generated_files().items():
-        assert path.read_text() == text, f"{path.name} is stale: run `python -m pyturbo.format.codebook --write` and commit it"
+        assert have[path] == text, f"{path} is stale: run `python -m pyturbo.format.codebook --write` and commit it"
 
 
 def test_cuda_instances_are_regenerated_identically_and_dispatched():
-    """The instance files and their case list (fattn-turboq-cases.inc) are the generator's; the cuda
-    patch (22) builds every instance file, and turboq.cu declares and dispatches the case list."""
+    """The instance files and their case list (fattn-turboq-cases.inc) are the generator's and the
+    cuda patch creates them; it builds every instance file, and turboq.cu declares and dispatches
+    the case list."""
+    io = series_io()
+    have = io.new_files()
     for path, text in cuda_instances.generated_files().items():
-        assert path.read_text() == text, f"{path.name} is stale: run `python -m pyturbo.format.cuda_instances --write`"
-    on_disk = set(cuda_instances.DIR.glob("fattn-turboq-instance-*.cu"))
-    assert on_disk == {p for p in cuda_instances.generated_files() if p.parent == cuda_instances.DIR}, \
+        assert have.get(path) == text, f"{path} is stale: run `python -m pyturbo.format.cuda_instances --write`"
+    in_series = {p for p in have if p.startswith(cuda_instances.DIR + "/fattn-turboq-instance-")}
+    assert in_series == {p for p in cuda_instances.generated_files() if p.startswith(cuda_instances.DIR + "/")}, \
         "instance files that the generator does not write would be built too"
-    patches = cuda_instances.DIR.parents[4]
-    cmake = next(patches.glob("*-cuda-turboq*.patch")).read_text()
-    assert '+    file(GLOB SRCS "template-instances/fattn-turboq-instance-*.cu")' in cmake
-    cu = (cuda_instances.DIR.parent / "turboq.cu").read_text()
+    made = io.creators()
+    (cuda_patch,) = {made[p] for p in cuda_instances.generated_files()}
+    assert cuda_patch.match(cuda_instances.PATCH)
+    assert '+    file(GLOB SRCS "template-instances/fattn-turboq-instance-*.cu")' in cuda_patch.read_text()
+    cu = have["ggml/src/ggml-cuda/turboq.cu"]
     assert cu.count('#include "fattn-turboq-cases.inc"') == 3  # declared, reported as supported, dispatched
+
+
+def test_generated_files_are_written_into_the_patch_that_creates_them(tmp_path, monkeypatch):
+    """--write's path: a generated file's content replaced inside its creating patch, a new one
+    added to it, one removed, and the series still applying to give exactly that content."""
+    import shutil
+    io = series_io()
+    for p in [io.SERIES, *io.series()]:
+        shutil.copy(p, tmp_path / p.name)
+    monkeypatch.setattr(io, "SERIES", tmp_path / "series")
+    monkeypatch.setattr(io, "HERE", tmp_path)
+    rel = cuda_instances.CASES_FILE
+    gone = sorted(p for p in cuda_instances.generated_files() if "instance-d64-" in p)[0]
+    extra = cuda_instances.DIR + "/fattn-turboq-instance-d999-kx.cu"
+    changed = io.write_new_files(cuda_instances.PATCH, {rel: "// one line, no newline", extra: "a\nb\n"},
+                                 remove=cuda_instances.DIR + "/fattn-turboq-instance-d64-*.cu")
+    assert rel in changed and extra in changed and gone in changed
+    have = io.new_files()
+    assert have[rel] == "// one line, no newline" and have[extra] == "a\nb\n" and gone not in have
+    with pytest.raises(ValueError, match="matches 0 patches"):
+        io.write_new_files("*-no-such-*.patch", {rel: ""})
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4])
@@ -65,8 +92,9 @@ def test_a_seeded_tree_swaps_only_the_sign_blocks():
     """prepare.py's seeding (cmake -DPYTURBO_SIGN_SEED) replaces the shipped sign block of each
     generated table with the seed's, and nothing else; the C block names the seed."""
     from pyturbo.format import signs
+    have = series_io().new_files()
     for path, glsl in ((codebook.HEADER_PATH, False), (codebook.GLSL_PATH, True)):
-        text = path.read_text()
+        text = have[path]
         seeded = signs.seeded(text, 7, glsl)
         block = signs.glsl_block(7) if glsl else signs.c_block(7)
         assert block in seeded and seeded.replace(block, signs.glsl_block() if glsl else signs.c_block()) == text
@@ -80,7 +108,7 @@ def test_a_seeded_tree_swaps_only_the_sign_blocks():
 def test_prepare_refuses_a_bad_seed(tmp_path):
     import subprocess
     import sys
-    script = codebook.REPO_ROOT / "ggml_patches" / "prepare.py"
+    script = Path(__file__).resolve().parents[1] / "ggml_patches" / "prepare.py"
     for bad, why in (("seven", "not an integer"), (str(1 << 64), "out of range")):
         r = subprocess.run([sys.executable, str(script), "--dest", str(tmp_path / "t"), "--sign-seed", bad],
                            capture_output=True, text=True, timeout=60)

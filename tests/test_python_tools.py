@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pyturbo import data
+from pyturbo._paths import series_io
 from pyturbo.tools import llama_perplexity as perplexity
 from pyturbo.memory import kv_bytes
 
@@ -167,7 +168,7 @@ def test_shader_type_ids_match_the_type_table():
     """The Vulkan shaders restate ggml.h's turboq ids (GLSL cannot include it): each must be
     pyturbo.types' id, which the test above holds to the library."""
     from pyturbo.types import CACHE_TYPES, TRELLIS_TYPES, TWIN_TYPES
-    glsl = (ROOT / "ggml_patches/files/ggml/src/ggml-vulkan/vulkan-shaders/turboq_types.glsl").read_text()
+    glsl = series_io().new_files()["ggml/src/ggml-vulkan/vulkan-shaders/turboq_types.glsl"]
     ids = {m[0].lower(): int(m[1]) for m in re.findall(r"#define GGML_TYPE_(TURBOQ\w+) (\d+)u", glsl)}
     want = {t.name.removesuffix("_0") if t.block_size == 128 else t.name: t.ggml_id
             for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values(), *TRELLIS_TYPES.values()) if t.is_turboq}

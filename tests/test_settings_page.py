@@ -2,9 +2,9 @@
 
 The rule (stated the same way at the top of docs/settings.md):
 
-- C/C++: every name, whatever its prefix, that the project's C/C++ code reads: the lines the
-  patches add (ggml_patches/*.patch, lines starting with '+'), every file under
-  ggml_patches/files/, and the project's own C/C++ sources outside them (tests/harness,
+- C/C++: every name, whatever its prefix, that the project's C/C++ code reads: the files the
+  patch series creates (as the series leaves them), the lines the patches add to upstream's files
+  (ggml_patches/*.patch, lines starting with '+'), and the project's own C/C++ sources outside them (tests/harness,
   tests/portable, bench/*.c). A read is `getenv(...)` / `std::getenv(...)` with a string literal,
   with a macro that a `#define NAME "..."` in those sources spells out, or with the `const char *`
   parameter of a helper whose calls pass a literal (`env_positions("TURBOQ_EXACT_TAIL", ...)`);
@@ -26,6 +26,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from pyturbo._paths import series_io
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "settings.md"
 SECTION = "## Environment variables"
@@ -45,14 +47,17 @@ def python_rule(name: str) -> bool:
 # ---------------------------------------------------------------- C/C++ ----
 
 def c_sources() -> list[tuple[str, str]]:
-    """(label, text) of the project's C/C++ code: the patches' added lines, the new files, and
-    the C/C++ files of tests/ and bench/."""
-    out = []
+    """(label, text) of the project's C/C++ code: the new files the series creates (their final
+    content), the lines the patches add to upstream's files, and the C/C++ files of tests/ and bench/."""
+    new_files = series_io().new_files()
+    out = [(rel, text) for rel, text in sorted(new_files.items()) if Path(rel).suffix in C_SUFFIXES]
     for patch in sorted((ROOT / "ggml_patches").glob("*.patch")):
-        added = [ln[1:] for ln in patch.read_text(errors="replace").splitlines()
-                 if ln.startswith("+") and not ln.startswith("+++")]
+        # upstream files' added lines; the new files are read whole above, as the series leaves them
+        sections = re.split(r"^(?=diff --git )", patch.read_text(errors="replace"), flags=re.MULTILINE)
+        added = [ln[1:] for sec in sections if not any(sec.startswith(f"diff --git a/{r} ") for r in new_files)
+                 for ln in sec.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
         out.append((patch.name, "\n".join(added)))
-    others = [p for p in (ROOT / "ggml_patches" / "files").rglob("*") if p.is_file()]
+    others = []
     for sub in ("tests", "bench"):
         others += [p for p in (ROOT / sub).rglob("*") if p.is_file()]
     for path in sorted(others):

@@ -9,20 +9,20 @@ The rotation is y = D2 . H . D1 . x / sqrt(d) with H the Sylvester-Hadamard matr
 diagonal +-1 matrices, drawn in pyturbo/format/signs.py (standard library only, as the build's
 seeded-signs option needs).
 
-`python -m pyturbo.format.codebook --write` writes the tables that the patch series carries: the C header
-(ggml_patches/files/ggml/src/ggml-turboq-tables.h, also compiled by CUDA) and its GLSL twin for the
-Vulkan shaders (.../ggml-vulkan/vulkan-shaders/turboq_tables.glsl); a test regenerates both and diffs.
+`python -m pyturbo.format.codebook --write` writes the tables that the patch series carries into the
+patches that create them: the C header (ggml/src/ggml-turboq-tables.h, also compiled by CUDA) and its
+GLSL twin for the Vulkan shaders (.../ggml-vulkan/vulkan-shaders/turboq_tables.glsl); a test
+regenerates both and diffs.
 """
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 
-from .._paths import REPO_ROOT
+from .._paths import series_io
 from ..types import TRELLIS_TYPES, TWIN_GROUPS  # the twins' groups: 64, 32 and 16
 from . import signs as _signs
 from . import trellis
@@ -31,9 +31,11 @@ from .signs import D, SIGN_SEED  # noqa: F401 (the lab and hf/ import them from 
 LLOYD_MAX_BITS = (2, 3, 4)
 GRID8_LEVELS = 256
 
-_FILES = REPO_ROOT / "ggml_patches" / "files" / "ggml" / "src"
-HEADER_PATH = _FILES / "ggml-turboq-tables.h"
-GLSL_PATH = _FILES / "ggml-vulkan" / "vulkan-shaders" / "turboq_tables.glsl"
+# where the series puts them in llama.cpp's tree; the patches that create them
+HEADER_PATH = "ggml/src/ggml-turboq-tables.h"
+GLSL_PATH = "ggml/src/ggml-vulkan/vulkan-shaders/turboq_tables.glsl"
+HEADER_PATCH = "*-ggml-turboq2-3-4-8-block-layouts-*.patch"
+GLSL_PATCH = "*-vulkan-turboq2-3-4-8-*.patch"
 
 
 @lru_cache(maxsize=None)
@@ -253,23 +255,24 @@ def render_glsl() -> str:
     return "\n".join(parts) + "\n"
 
 
-def generated_files() -> dict[Path, str]:
+def generated_files() -> dict[str, str]:
+    """upstream path -> content"""
     return {HEADER_PATH: render_header(), GLSL_PATH: render_glsl()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="Generate the turboq C tables")
-    ap.add_argument("--write", action="store_true", help="write the C header and the GLSL tables into ggml_patches/files")
+    ap.add_argument("--write", action="store_true", help="write the C header and the GLSL tables into the patches that create them")
     ap.add_argument("--report", action="store_true", help="print each codebook's theoretical MSE")
     args = ap.parse_args()
     if args.report or not args.write:
         for name in ("turboq2", "turboq3", "turboq4", "turboq8"):
             print(f"{name}: E||u-Q(u)||^2 = {theoretical_vector_mse(name):.6g}")
     if args.write:
-        for path, text in generated_files().items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            print(f"wrote {path}")
+        files = generated_files()
+        for patch, path in ((HEADER_PATCH, HEADER_PATH), (GLSL_PATCH, GLSL_PATH)):
+            for rel in series_io().write_new_files(patch, {path: files[path]}):
+                print(f"wrote {rel} in {patch}")
 
 
 if __name__ == "__main__":
