@@ -13,8 +13,6 @@ should be otherwise idle. A run that does not finish within --timeout seconds is
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import os
 import subprocess
 import sys
@@ -23,6 +21,7 @@ from pathlib import Path
 
 from .. import data
 from .._paths import binary, tool_env
+from .cpu import bench_rows
 
 BUSY = "while True: pass"
 
@@ -31,14 +30,6 @@ def _bench_cmd(model: Path, cache: str, threads: int, extra: list[str], poll: in
     cmd = [str(binary("llama-bench")), "-m", str(model), "-fa", "1", "-t", str(threads), "-r", str(reps),
            "-ctk", cache, "-ctv", cache, "-o", "csv", *extra]
     return cmd + (["--poll", str(poll)] if poll is not None else [])
-
-
-def _parse(out: str) -> dict[str, float]:
-    res = {}
-    for row in csv.DictReader(io.StringIO(out)):
-        key = f"pp{row['n_prompt']}" if int(row["n_prompt"]) else f"tg{row['n_gen']}"
-        res[key] = float(row["avg_ts"])
-    return res
 
 
 def _run(cmds: list[list[str]], timeout: float) -> list[dict[str, float] | None]:
@@ -54,7 +45,7 @@ def _run(cmds: list[list[str]], timeout: float) -> list[dict[str, float] | None]
                 print(f"# llama-bench exited {p.returncode}: {stderr[-500:]}", file=sys.stderr)
                 out.append(None)
             else:
-                out.append(_parse(stdout))
+                out.append(bench_rows(stdout))
         except subprocess.TimeoutExpired:
             p.kill()
             p.communicate()
@@ -83,14 +74,13 @@ def contention(args: argparse.Namespace) -> None:
     for cache in args.types:
         for threads in args.threads:
             r: dict[str, float | None] = {}
-            for phase, extra in (("pp128", pp), ("tg16", tg)):
-                key = phase
+            for key, extra in (("pp128", pp), ("tg16", tg)):
                 (idle,) = _run([_bench_cmd(model, cache, threads, extra, args.poll)], args.timeout)
                 r[f"idle {key}"] = idle.get(key) if idle else None
                 with _Busy():
                     (busy,) = _run([_bench_cmd(model, cache, threads, extra, args.poll)], args.timeout)
                 r[f"busy {key}"] = busy.get(key) if busy else None
-                if phase == "tg16":
+                if key == "tg16":
                     pair = _run([_bench_cmd(model, cache, threads, extra, args.poll)] * 2, args.timeout)
                     got = [p.get(key) if p else None for p in pair]
                     r["pair tg16"] = None if None in got else min(got)

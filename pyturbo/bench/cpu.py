@@ -194,8 +194,13 @@ def bench_once(model: Path, config: str, threads: int, reps: int, extra: list[st
     _, k, v, env = parse_config(config)
     r = run_tool("llama-bench", "-m", str(model), "-fa", "1", "-t", str(threads), "-r", str(reps),
                  "-ctk", k, "-ctv", v, "-o", "csv", *extra, env=env)
+    return bench_rows(r.stdout)
+
+
+def bench_rows(csv_text: str) -> dict[str, float]:
+    """llama-bench's `-o csv` as {"pp512": t/s, "tg32@d4096": t/s, ...}"""
     out = {}
-    for row in csv.DictReader(io.StringIO(r.stdout)):
+    for row in csv.DictReader(io.StringIO(csv_text)):
         key = f"pp{row['n_prompt']}" if int(row["n_prompt"]) else f"tg{row['n_gen']}"
         depth = int(row.get("n_depth") or 0)
         if depth:
