@@ -12,6 +12,11 @@ LLAMA_ARG_KV_EXACT_WINDOW_MARGIN), llama-cpp-python with `kv_overrides`, pyturbo
 `kv_exact_window=W, kv_exact_window_margin=M`, and `python -m server` with the same flags as
 llama.cpp's. With flash attention. A cache on a GPU or an RPC server reads its window after an
 F16 copy of the cache's rows (the CPU reads the rows beside the cache).
+
+Sink rows: the setting `sink_key()` ("turboq.exact_sink", `--kv-exact-sink S`, alias
+LLAMA_ARG_KV_EXACT_SINK, pyturbo.Llama's `kv_exact_sink=S`) keeps each sequence's first S positions
+in F16 as well, and every query reads them exact, with or without a window. On a dense model the
+first token's quantized K and V carry much of a 3-bit cache's error (docs/quality.md).
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from ._paths import library, llama_function
 
 ENV = "LLAMA_ARG_KV_EXACT_WINDOW"                # common's set_env alias of --kv-exact-window
 MARGIN_ENV = "LLAMA_ARG_KV_EXACT_WINDOW_MARGIN"  # and of --kv-exact-window-margin
+SINK_ENV = "LLAMA_ARG_KV_EXACT_SINK"              # and of --kv-exact-sink
 
 
 @lru_cache(maxsize=1)
@@ -42,15 +48,21 @@ def margin_key() -> str:
     return llama_function("llama_turboq_exact_window_margin_key", C.c_char_p)().decode()
 
 
-def rows_per_sequence(w: int, margin: int | None = None) -> int:
-    """F16 rows each window layer keeps per sequence for a window of w positions (0 for none) and
-    the given margin (None: libllama's default)."""
-    if w <= 0:
+@lru_cache(maxsize=1)
+def sink_key() -> str:
+    """The model key that holds the sink rows' count."""
+    return llama_function("llama_turboq_exact_sink_key", C.c_char_p)().decode()
+
+
+def rows_per_sequence(w: int, margin: int | None = None, sink: int = 0) -> int:
+    """F16 rows each window layer keeps per sequence for a window of w positions (0 for none), the
+    given margin (None: libllama's default) and sink rows (llama_turboq_exact_rows_per_seq)."""
+    if w <= 0 and sink <= 0:
         return 0
-    fn = library("llama").llama_turboq_exact_window_rows
+    fn = library("llama").llama_turboq_exact_rows_per_seq
     fn.restype = C.c_uint32
-    fn.argtypes = [C.c_uint32, C.c_int32]
-    return int(fn(w, -1 if margin is None else check_margin(margin)))
+    fn.argtypes = [C.c_uint32, C.c_int32, C.c_uint32]
+    return int(fn(max(w, 0), -1 if margin is None else check_margin(margin), check_sink(max(sink, 0))))
 
 
 def can_continue(ctx: int, seq: int, n_past: int) -> bool:
@@ -72,6 +84,12 @@ def check_margin(m: int) -> int:
     if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= max_positions():
         raise ValueError(f"exact window margin {m!r}: a number of positions, 0 to {max_positions()}")
     return m
+
+
+def check_sink(s: int) -> int:
+    if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= max_positions():
+        raise ValueError(f"exact sink rows {s!r}: a number of positions, 0 (none) to {max_positions()}")
+    return s
 
 
 def kv_override(w: int, margin: int | None = None) -> dict[str, int]:

@@ -101,13 +101,14 @@ def creating_context(*, verbose: bool = True) -> Iterator[None]:
 class Llama(llama_cpp.Llama):
     """llama_cpp.Llama with `cache_type_k`, `cache_type_v` (names), `layer_adaptive` (a mode's number or name),
     `kv_exact_window` (each sequence's last W positions read exact; pyturbo.exact_window),
-    `kv_exact_window_margin` (positions kept beyond it for rollbacks; default 16) and `k_center`
+    `kv_exact_window_margin` (positions kept beyond it for rollbacks; default 16), `kv_exact_sink`
+    (each sequence's first S positions read exact by every query) and `k_center`
     (K centering of a turboq K cache; default on; pyturbo.k_centering)."""
 
     def __init__(self, model_path: str, *args: Any, cache_type_k: str | CacheType | None = None,
                  cache_type_v: str | CacheType | None = None, layer_adaptive: int | str | None = None,
                  kv_exact_window: int | None = None, kv_exact_window_margin: int | None = None,
-                 k_center: bool | None = None, **kwargs: Any) -> None:
+                 kv_exact_sink: int | None = None, k_center: bool | None = None, **kwargs: Any) -> None:
         tk = requested_cache_type(cache_type_k) if cache_type_k is not None else None
         tv = requested_cache_type(cache_type_v) if cache_type_v is not None else None
         if tk is not None:
@@ -125,7 +126,7 @@ class Llama(llama_cpp.Llama):
         policy = _la.policies().get(layer_adaptive or 0)
         la_turboq = policy is not None and any(t in TURBOQ_TYPES for t in (policy.k_boundary, policy.v_boundary, policy.v_other))
         wants_turboq = kwargs.get("type_k") in turboq_ids or kwargs.get("type_v") in turboq_ids or la_turboq
-        if wants_turboq or kv_exact_window:
+        if wants_turboq or kv_exact_window or kv_exact_sink:
             kwargs.setdefault("flash_attn", True)  # both need it
         self.cache_type_k = tk.name if tk else None
         self.cache_type_v = tv.name if tv else None
@@ -138,9 +139,13 @@ class Llama(llama_cpp.Llama):
         if kv_exact_window_margin is not None:
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}),
                                       _ew.margin_key(): _ew.check_margin(kv_exact_window_margin)}
+        if kv_exact_sink is not None:
+            kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), _ew.sink_key(): _ew.check_sink(kv_exact_sink)}
         if k_center is not None:
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_kc.kv_override(k_center)}
-        self.kv_exact_window = kv_exact_window or int((kwargs.get("kv_overrides") or {}).get(_ew.key(), 0))
+        overrides = kwargs.get("kv_overrides") or {}
+        self.kv_exact_window = kv_exact_window or int(overrides.get(_ew.key(), 0))
+        self.kv_exact_sink = kv_exact_sink or int(overrides.get(_ew.sink_key(), 0))
         verbose = kwargs.get("verbose", True)
         with creating_context(verbose=verbose):
             super().__init__(model_path, *args, **kwargs)
@@ -150,7 +155,7 @@ class Llama(llama_cpp.Llama):
         processed again when the window no longer holds its last positions (an answer longer than
         the window's margin pushed them out), so that the tokens after it read them exact, as a
         fresh context would, and get the same logits."""
-        super().eval(window_tokens(self, tokens) if self.kv_exact_window else tokens)
+        super().eval(window_tokens(self, tokens) if self.kv_exact_window or self.kv_exact_sink else tokens)
 
     def save_state(self) -> llama_cpp.LlamaState:
         """llama_cpp.Llama.save_state, plus a SHA-256 of the state bytes that load_state checks:

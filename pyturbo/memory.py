@@ -67,7 +67,7 @@ def _pad(n: int) -> int:
 def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16",
              layer_adaptive: int = 0, n_seq: int = 1, n_ubatch: int = 512, swa_full: bool = False,
              n_stream: int = 1, upper_bound: bool = False, exact_window: int = 0,
-             exact_window_margin: int | None = None) -> int:
+             exact_window_margin: int | None = None, exact_sink: int = 0) -> int:
     """Bytes of K and V that llama.cpp allocates for this model and context.
 
     swa_full: sliding-window layers keep all n_ctx cells (llama.cpp's --swa-full; llama-cpp-python's
@@ -80,12 +80,13 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     raise ValueError.
     exact_window: W of --kv-exact-window; each layer with a quantized K or V then also holds F16
     rows of K and V, rows_per_sequence(W, exact_window_margin) per sequence plus one, whatever the
-    streams (exact_window_margin: --kv-exact-window-margin; None: the default).
+    streams (exact_window_margin: --kv-exact-window-margin; None: the default); exact_sink: S of
+    --kv-exact-sink, S more such rows per sequence.
     """
-    if exact_window:
+    if exact_window or exact_sink:
         return kv_bytes(model, n_ctx, cache_type_k, cache_type_v, layer_adaptive, n_seq, n_ubatch, swa_full,
                         n_stream, upper_bound) + window_bytes(model, cache_type_k, cache_type_v, layer_adaptive,
-                                                               n_seq, exact_window, exact_window_margin)
+                                                               n_seq, exact_window, exact_window_margin, exact_sink)
     if n_stream > 1:
         return n_stream * kv_bytes(model, n_ctx // n_stream, cache_type_k, cache_type_v, layer_adaptive,
                                    max(1, n_seq // n_stream), n_ubatch, swa_full, upper_bound=upper_bound)
@@ -120,8 +121,8 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
 
 
 def window_bytes(model: str | Path, cache_type_k: str, cache_type_v: str, layer_adaptive: int, n_seq: int,
-                  w: int, margin: int | None = None) -> int:
-    """The exact window's F16 rows (llama-turboq-window.h) in the layers that keep them. For the
+                  w: int, margin: int | None = None, sink: int = 0) -> int:
+    """The exact window's and sink rows' F16 rows (llama-turboq-window.h) in the layers that keep them. For the
     modes that rank layers by K gain, their boundary types are quantized as well (q8_0, turboq4), so
     which layers they are does not change the count."""
     g = kv_geometry(model)
@@ -130,7 +131,7 @@ def window_bytes(model: str | Path, cache_type_k: str, cache_type_v: str, layer_
     policy = policies().get(layer_adaptive) if layer_adaptive else None
     boundary = boundary_layers(layer_adaptive, g.n_layer, [1] * g.n_layer) if policy and not policy.k_gain_div else \
         [False] * g.n_layer
-    rows = n_seq * exact_window.rows_per_sequence(w, margin) + 1
+    rows = n_seq * exact_window.rows_per_sequence(w, margin, sink) + 1
     total = 0
     for il in range(g.n_layer):
         tk, tv = policy.types(boundary[il], cache_type_k, cache_type_v) if policy else (cache_type_k, cache_type_v)

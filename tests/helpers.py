@@ -28,7 +28,7 @@ def _recommended() -> tuple[str, ...]:
                 if ln.startswith("exec python3 -m server "))
     argv = [x for a in shlex.split(line)[4:] for x in a.split("=", 1)]
     alias = {"-ctk": "--cache-type-k", "-ctv": "--cache-type-v"}
-    keep = ("--cache-type-k", "--cache-type-v", "--layer-adaptive", "--kv-exact-window")
+    keep = ("--cache-type-k", "--cache-type-v", "--layer-adaptive", "--kv-exact-window", "--kv-exact-sink")
     flags = [alias.get(a, a) for a in argv]
     out = tuple(a for i, a in enumerate(flags) if a in keep or (i and flags[i - 1] in keep))
     # a serve.sh that this parse misreads must not leave the tests on the default cache

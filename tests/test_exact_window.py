@@ -350,3 +350,140 @@ def test_llama_bench_reads_the_window_and_margin_aliases(tiny128):
     assert "the last 8 positions of each sequence read exact (F16 rows beside the cache, a margin of 0)" in r.stderr + r.stdout
     r = run_tool("llama-bench", *args, env={exact_window.ENV: "8", exact_window.MARGIN_ENV: "-3"}, check=False)
     assert r.returncode == 1 and "LLAMA_ARG_KV_EXACT_WINDOW_MARGIN: '-3' is not an exact window's margin" in r.stderr
+
+
+# ---- sink rows (--kv-exact-sink S): each sequence's first S positions read exact by every query ----
+
+def sink(s: int) -> tuple[str, ...]:
+    return ("--kv-exact-sink", str(s))
+
+
+@pytest.mark.parametrize("ubatch", ["7", "64"])
+def test_sink_rows_cross_ubatches(tiny128, short_text, ubatch):
+    """Sink rows alone (no window) and beside a window: a chunk in ubatches of 7 or 64 reads its
+    first positions from the sink slots and gives the perplexity of one ubatch per chunk (where
+    they come from the ubatch itself) to 6 digits, and not that of the cache without them. A sink
+    row lost after its ubatch, or read from a slot that another position overwrote, moves it."""
+    for extra in (sink(4), (*window(16), *sink(4))):
+        one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=extra)
+        split = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*extra, "-ub", ubatch))
+        assert split.ppl == pytest.approx(one.ppl, rel=1e-6), extra
+    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=("-ub", ubatch))
+    alone = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=sink(4))
+    assert abs(plain.ppl - alone.ppl) > 1e-4 * alone.ppl, (plain.ppl, alone.ppl)
+
+
+def test_sink_rows_over_the_whole_chunk_in_small_ubatches_are_the_f16_cache(tiny128, short_text, tmp_path):
+    """S = ctx in ubatches of 64, K as it comes: every row any query reads is a sink row, from the
+    sink slots or its ubatch, so the tiny llama's logits are the f16 cache's."""
+    base = tmp_path / "f16.kld"
+    ref = perplexity(tiny128, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
+    got = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, kld_base=base,
+                     env={"LLAMA_ARG_KV_K_CENTER": "off"}, extra=(*sink(256), "-ub", "64"))
+    assert got.ppl == pytest.approx(ref.ppl, rel=1e-5)
+    assert got.kld is not None and abs(got.kld) < 1e-6 and got.same_top == 100.0
+
+
+def test_sink_rows_keep_decode_state_and_sequences_right(Llama, tiny128, short_text):
+    """pyturbo.Llama's kv_exact_sink: token by token after a prompt, the logits are those of the
+    prompt and the tokens in one pass (sinks read from their slots); a saved state restores into a
+    context with the same sinks and continues with the same bits, and is refused, naming the
+    setting, by one with other sinks or none; removing a sink position means the cache cannot
+    continue as if fresh."""
+    import ctypes
+
+    import numpy as np
+
+    from pyturbo._paths import library
+
+    can_continue = library("llama").llama_turboq_window_can_continue
+    can_continue.restype = ctypes.c_bool
+    can_continue.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
+
+    def make(s, **kw):
+        return Llama(str(tiny128), cache_type_k="turboq3", cache_type_v="turboq2", n_ctx=256, n_batch=256,
+                     flash_attn=True, verbose=False, logits_all=True, **({"kv_exact_sink": s} if s is not None else {}),
+                     **kw)
+
+    toks = make(None).tokenize(short_text.read_text()[:2000].encode())[:48]
+    one = make(2)
+    one.eval(toks)
+    want = one.scores[47].copy()
+    steps = make(2)
+    steps.eval(toks[:20])
+    for t in toks[20:]:
+        steps.eval([t])
+    np.testing.assert_allclose(steps.scores[47], want, rtol=0, atol=1e-4)  # other batch shapes, other sums
+    plain = make(None)
+    plain.eval(toks)
+    assert float(np.abs(plain.scores[47] - want).max()) > 1e-3  # the sinks are read exact
+
+    a = make(2)
+    a.eval(toks[:40])
+    state = a.save_state()
+    a.eval(toks[40:])
+    b = make(2)
+    b.eval(b.tokenize(b"Another text, another cache."))
+    b.load_state(state)
+    b.eval(toks[40:])
+    np.testing.assert_array_equal(b.scores[47], a.scores[47])
+    assert_state_refused(make(4), state, r"the state keeps 2 sink rows per sequence, this cache 4 \(turboq.exact_sink\)")
+    assert_state_refused(make(None), state, r"saved with exact sink rows \(turboq.exact_sink\)")
+
+    assert can_continue(a._ctx.ctx, 0, 48)
+    a._ctx.kv_cache_seq_rm(0, 1, 2)
+    assert not can_continue(a._ctx.ctx, 0, 48)
+
+
+@pytest.mark.parametrize("bad", ["-1", "4097", "x"])
+def test_bad_sink_rows_are_refused_by_the_tools_python_and_the_server(Llama, tiny128, short_text, bad):
+    import subprocess
+    import sys
+
+    r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "256", "--kv-exact-sink", bad,
+                 check=False)
+    assert r.returncode != 0 and "is not a count of exact sink rows" in r.stdout + r.stderr
+    with pytest.raises(ValueError, match="exact sink rows"):
+        Llama(str(tiny128), cache_type_k="turboq3", cache_type_v="turboq3", kv_exact_sink=int(bad) if bad != "x" else bad,
+              verbose=False)
+    if bad != "x":
+        r = subprocess.run([sys.executable, "-m", "server", "--kv-exact-sink", bad], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode != 0 and "--kv-exact-sink: exact sink rows" in r.stderr
+
+
+def test_sink_rows_reach_every_engine_and_count_their_bytes(tiny128, capfd):
+    """--kv-exact-sink reaches llama-server as its argument (also 0, which beats the GGUF's) and the
+    python engine as the model's kv override; llama-bench reads its alias; the rows count S per
+    sequence in pyturbo.memory and the benches' bits per value."""
+    from pyturbo import exact_window
+    from pyturbo.bench.cpu import config_bpw, parse_config
+    from pyturbo.memory import kv_bytes
+    from pyturbo.server import python_engine
+    from pyturbo.server.llama_server import LaunchSpec
+
+    argv = LaunchSpec("m.gguf", "turboq3", "turboq3", 0, 4096, 1, "127.0.0.1", 8080, "m").argv()
+    assert argv[argv.index("--kv-exact-sink") + 1] == "0"
+    argv = LaunchSpec("m.gguf", "turboq3", "turboq3", 0, 4096, 1, "127.0.0.1", 8080, "m", kv_exact_sink=4).argv()
+    assert argv[argv.index("--kv-exact-sink") + 1] == "4"
+    settings = python_engine.TurboModelSettings(model=str(tiny128), n_ctx=256, type_k=61, type_v=61, flash_attn=True,
+                                                kv_exact_sink=4, verbose=True)
+    llm = python_engine._load_model(settings)
+    assert "sink rows: the first 4 positions of each sequence read exact" in capfd.readouterr().err
+    del llm
+
+    args = ("-m", str(tiny128), "-fa", "1", "-p", "16", "-n", "2", "-r", "1", "-ctk", "turboq3", "-ctv", "turboq3",
+            "-t", "2", "-o", "csv", "-v")
+    r = run_tool("llama-bench", *args, env={exact_window.SINK_ENV: "4"})
+    assert "sink rows: the first 4 positions of each sequence read exact" in r.stderr + r.stdout
+    r = run_tool("llama-bench", *args, env={exact_window.SINK_ENV: "-3"}, check=False)
+    assert r.returncode == 1 and "LLAMA_ARG_KV_EXACT_SINK: '-3' is not a count of exact sink rows" in r.stderr
+
+    assert exact_window.rows_per_sequence(0, None, 4) == 4 and exact_window.rows_per_sequence(16, 0, 4) == 20
+    assert exact_window.rows_per_sequence(16, None, 1) == 33
+    env = parse_config("turboq3:sink1")[3]
+    assert env == {exact_window.SINK_ENV: "1"}
+    assert config_bpw(18, "turboq3", "turboq3", env, 512) == pytest.approx(3.125 + 16 * 1 / 512)
+    gemma = data.default_model()
+    extra = kv_bytes(gemma, 4096, "turboq3", "turboq3", n_seq=2, exact_sink=4) - kv_bytes(gemma, 4096, "turboq3", "turboq3", n_seq=2)
+    assert extra == 18 * (2 * 4 + 1) * (256 + 256) * 2  # 18 layers, 2 sequences of 4 rows and the spare, F16 K and V

@@ -228,7 +228,12 @@ def kld_runs(model, text, base_dir, label: str, types: list[str], ctx: int, chun
 
 @pytest.fixture(scope="module")
 def smollm2_runs(smollm2, short_text, tmp_path_factory):
-    return kld_runs(smollm2, short_text, tmp_path_factory.mktemp("kld-smol"), "smollm2-135m", SMOL_TYPES, 256, 6)
+    base_dir = tmp_path_factory.mktemp("kld-smol")
+    out = kld_runs(smollm2, short_text, base_dir, "smollm2-135m", SMOL_TYPES, 256, 6)
+    out["turboq3 sink1"] = perplexity(smollm2, short_text, "turboq3", "turboq3", ctx=256, chunks=6,
+                                      kld_base=base_dir / "f16.kld", extra=("--kv-exact-sink", "1"))
+    print(f"smollm2-135m c=256 x6 turboq3 sink1 PPL {out['turboq3 sink1'].ppl:8.3f}  KLD {out['turboq3 sink1'].kld}")
+    return out
 
 
 @pytest.mark.slow
@@ -242,6 +247,15 @@ def test_smollm2_turboq_quality_is_ordered_by_bits(smollm2_runs):
     assert kld["turboq3"] < 4.5 * kld["q4_0"]
     assert kld["turboq2"] < 1.0
     assert all(np.isfinite(r.ppl) for r in smollm2_runs.values())
+
+
+@pytest.mark.slow
+def test_sink_rows_halve_turboq3s_error_on_a_dense_model(smollm2_runs):
+    """Every layer of SmolLM2 reads the whole cache, and nearly every query attends to the first
+    token (the attention sink), so its quantized K and V weigh on every position: one sink row
+    kept exact (--kv-exact-sink 1) cuts turboq3's KLD to about half (measured at c=512 x 20:
+    0.1679 -> 0.0748, 3.37x -> 1.50x q4_0). Fails if the sink row is not read, or not exact."""
+    assert smollm2_runs["turboq3 sink1"].kld <= 0.7 * smollm2_runs["turboq3"].kld
 
 
 @pytest.mark.slow

@@ -94,7 +94,7 @@ def test_an_exact_tail_over_several_ubatches(gemma, short_text, tmp_path):
     assert tail.kld <= 0.6 * plain.kld, (tail.kld, plain.kld)
 
 
-@pytest.mark.parametrize("switch", ["TURBOQ_EXACT_TAIL", "TURBOQ_EXACT_SINK"])
+@pytest.mark.parametrize("switch", ["TURBOQ_EXACT_TAIL", "LLAMA_ARG_KV_EXACT_SINK"])
 def test_exact_rows_over_the_whole_chunk_are_the_f16_cache(switch, tiny128, short_text, tmp_path):
     """With every position of a chunk in the window (or among the sinks) and K stored as it comes
     (no centering), each query reads exactly the keys and values an f16 cache holds, so the tiny
@@ -123,7 +123,7 @@ def test_exact_rows_over_the_whole_chunk_make_the_cache_type_irrelevant(gemma, s
     q8 = perplexity(gemma, short_text, "q8_0", "q8_0", ctx=256, chunks=3, kld_base=base)
     runs = [perplexity(gemma, short_text, k, v, ctx=256, chunks=3, kld_base=base, env={"LLAMA_ARG_KV_K_CENTER": "off", sw: "256"})
             for k, v, sw in [("turboq3", "turboq2", "TURBOQ_EXACT_TAIL"), ("turboq4", "turboq8", "TURBOQ_EXACT_TAIL"),
-                             ("turboq3", "turboq2", "TURBOQ_EXACT_SINK")]]
+                             ("turboq3", "turboq2", "LLAMA_ARG_KV_EXACT_SINK")]]
     assert len({(r.ppl, r.kld, r.kld_p999) for r in runs}) == 1, [(r.ppl, r.kld) for r in runs]
     assert runs[0].kld < q8.kld, (runs[0].kld, q8.kld)
 

@@ -34,7 +34,9 @@ SECTION = "## Environment variables"
 
 PREFIXES = ("PYTURBO_", "TURBOQ_", "TURBO_", "GGML_", "LLAMA_")
 EXACT = {"CI"}
-KINDS = {"user setting", "alias", "deprecated alias", "feature gate", "debug A/B switch", "leftover", "build-dir", "test-suite control"}
+KINDS = {"user setting", "alias", "deprecated alias", "feature gate", "debug A/B switch", "build-dir", "test-suite control"}
+# issue 57: at most this many debug switches on the C/C++ side besides the LLAMA_ARG_* aliases
+MAX_C_DEBUG_SWITCHES = 6
 
 C_SUFFIXES = {".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh", ".inc", ".glsl", ".comp"}
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -231,3 +233,12 @@ def test_page_rows_are_complete():
         assert kind in KINDS, f"{name}: kind {kind!r} is not one of {sorted(KINDS)}"
         kinds_seen.add(kind)
     assert kinds_seen <= KINDS
+
+
+def test_the_c_side_keeps_few_debug_switches():
+    """Debug switches are for A/B runs and tests, each with a reason and a row here; a measurement
+    that is done becomes a setting or goes. Fails when a seventh appears on the C/C++ side."""
+    c_names, _ = c_env_names()
+    rows = page_rows()
+    debug = sorted(n for n in c_names if rows.get(n, ["", "", ""])[2] == "debug A/B switch")
+    assert len(debug) <= MAX_C_DEBUG_SWITCHES, debug

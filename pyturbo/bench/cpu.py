@@ -39,8 +39,9 @@ OPTIONS = {"uncentered": {"LLAMA_ARG_KV_K_CENTER": "off"},  # K centering (and i
            "onerow": {"TURBOQ_FA_TILED": "0"}}       # CPU flash attention without the quantized tiled path
 
 
-# ':tailW' / ':sinkS': the last W / first S positions of each sequence read exact (debug switches)
-EXACT_ROWS = {"tail": "TURBOQ_EXACT_TAIL", "sink": "TURBOQ_EXACT_SINK"}
+# ':tailW': the last W positions of each sequence read exact within a ubatch (the window's oracle, a
+# debug switch)
+EXACT_ROWS = {"tail": "TURBOQ_EXACT_TAIL"}
 WINDOW = re.compile(r"(\d+)(?:m(\d+))?")  # ':winW' or ':winWmM' after 'win'
 
 
@@ -48,8 +49,8 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
     """'t' (K = V = t) or 'k/v', then any of ':N' (a LLAMA_ARG_LAYER_ADAPTIVE mode), ':uncentered'
     (--kv-k-center off), ':unscaled' (TURBOQ_K_BALANCE=0), ':onerow' (TURBOQ_FA_TILED=0),
     ':winW' (the exact window, --kv-exact-window W through its alias LLAMA_ARG_KV_EXACT_WINDOW;
-    ':winWmM' with a margin of M, --kv-exact-window-margin M), ':tailW' (TURBOQ_EXACT_TAIL=W),
-    ':sinkS' (TURBOQ_EXACT_SINK=S): (label, K, V, environment)."""
+    ':winWmM' with a margin of M, --kv-exact-window-margin M), ':sinkS' (sink rows, --kv-exact-sink S
+    through LLAMA_ARG_KV_EXACT_SINK), ':tailW' (TURBOQ_EXACT_TAIL=W): (label, K, V, environment)."""
     spec, *opts = c.split(":")
     k, _, v = spec.partition("/")
     v = v or k
@@ -63,6 +64,8 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
             env["LLAMA_ARG_LAYER_ADAPTIVE"] = opt
         elif opt[:4] in EXACT_ROWS and opt[4:].isdigit() and int(opt[4:]) > 0:
             env[EXACT_ROWS[opt[:4]]] = opt[4:]
+        elif opt[:4] == "sink" and opt[4:].isdigit() and 0 < int(opt[4:]) <= exact_window.max_positions():
+            env[exact_window.SINK_ENV] = opt[4:]
         elif opt[:3] == "win" and (m := WINDOW.fullmatch(opt[3:])) and 0 < int(m[1]) <= exact_window.max_positions() and \
                 (m[2] is None or int(m[2]) <= exact_window.max_positions()):
             env[exact_window.ENV] = m[1]
@@ -86,13 +89,14 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
     turboq type's _g64 twin where the head size is a multiple of 64 but not of 128, its _g32 twin
     where it is a multiple of 32 but not of 64, its _g16 twin where it is a multiple of 16 but not of 32); for a mode that ranks layers by K gain (3), its
     n_layer // k_gain_div boundary layers carry the boundary K type (the C table's). W + S exact
-    positions (a tail and sinks) count as that many of the context's ctx positions held in f16
-    instead of the type (a token is quantized as it leaves the window), as the K/V lab counts it.
-    An exact window (':winW') keeps its rows besides: each layer with a quantized K or V holds
-    rows_per_sequence(W, M) F16 rows of K and of V per sequence on top of the cache. An MLA model
+    positions (a tail) count as that many of the context's ctx positions held in f16 instead of
+    the type (a token is quantized as it leaves the window), as the K/V lab counts it. An exact
+    window (':winW') and sink rows (':sinkS') keep their rows besides: each layer with a quantized
+    K or V holds rows_per_sequence(W, M, S) F16 rows of K and of V per sequence on top of the cache. An MLA model
     (mla) caches K alone, so its bits per value are K's."""
     tail = min(sum(int(env.get(var) or 0) for var in EXACT_ROWS.values()), ctx)
-    ring = 16 * exact_window.rows_per_sequence(int(env.get(exact_window.ENV) or 0), window_margin(env)) / ctx
+    ring = 16 * exact_window.rows_per_sequence(int(env.get(exact_window.ENV) or 0), window_margin(env),
+                                               int(env.get(exact_window.SINK_ENV) or 0)) / ctx
 
     def quantized(t: str, hd: int) -> bool:
         return layer_cache_type(t, hd).bpw < 16
@@ -141,8 +145,9 @@ def quality(args: argparse.Namespace) -> None:
                                  kld_base=base, write_base=(c == "f16"), env=env, timeout=6 * 3600, extra=ubatch)
             geo = kv_geometry(model)
             w = int(env.get(exact_window.ENV) or 0)
+            sink = int(env.get(exact_window.SINK_ENV) or 0)
             mode = int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0)
-            ring_mib = window_bytes(model, k, v, mode, 1, w, window_margin(env)) / 2 ** 20 if w else 0.0
+            ring_mib = window_bytes(model, k, v, mode, 1, w, window_margin(env), sink) / 2 ** 20 if w or sink else 0.0
             rows.append((label, config_bpw(geo.n_layer, k, v, env, args.ctx, geo.head_dim_k, geo.head_dim_v, geo.mla),
                          r.kv_mib + ring_mib, r))
             tqdm.write(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} median {r.kld_median} p99.9 {r.kld_p999} "
@@ -152,8 +157,9 @@ def quality(args: argparse.Namespace) -> None:
     print(f"\n{model.name}, {text.name}, c={args.ctx} (-b {batch}), {chunks} chunk(s) (the second half of each "
           "scored), -fa on; KLD against the f16 cache; K/V, ':N' = LLAMA_ARG_LAYER_ADAPTIVE=N, ':uncentered' = "
           "--kv-k-center off, ':unscaled' = TURBOQ_K_BALANCE=0, ':winW' = --kv-exact-window W (KV MiB with its "
-          "F16 rows), ':winWmM' = with --kv-exact-window-margin M" +
-          (f", ':tailW'/':sinkS' = TURBOQ_EXACT_TAIL=W/TURBOQ_EXACT_SINK=S (-ub {batch}; KV MiB without "
+          "F16 rows), ':winWmM' = with --kv-exact-window-margin M, ':sinkS' = --kv-exact-sink S (KV MiB with its "
+          "F16 rows)" +
+          (f", ':tailW' = TURBOQ_EXACT_TAIL=W (-ub {batch}; KV MiB without "
            "those f16 rows, bpw per layer with them)" if ubatch else "") + ". bpw in memory: 16 x the KV bytes over "
           "the f16 cache's (the log's MiB, to two decimals); bpw per layer: the types' bits averaged over the layers, which differ where layers hold "
           "different numbers of cells (sliding windows)\n")

@@ -45,6 +45,10 @@ def parser() -> argparse.ArgumentParser:
                          "after the last M are removed again (a reused prompt, speculative drafts); 0 saves "
                          "their memory, and a prompt reused short of its end is then processed again "
                          "(default: the model's, else 16)")
+    ap.add_argument("--kv-exact-sink", type=int, default=0, metavar="S",
+                    help="quantized caches: each sequence's first S positions (the attention sink) read exact by "
+                         "every query, from F16 rows kept beside the cache, with or without --kv-exact-window "
+                         "(see docs/usage.md; default 0 = none)")
     ap.add_argument("--kv-k-center", choices=("on", "off"), default=None,
                     help="turboq K caches: K centered on the model's calibrated mean and scaled per channel (on), "
                          "or stored as it comes (off, for comparisons); default: the model's, else on")
@@ -92,6 +96,10 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--kv-exact-window-margin: {e}") from None
         if not args.kv_exact_window:
             raise ValueError("--kv-exact-window-margin needs --kv-exact-window")
+    try:
+        exact_window.check_sink(args.kv_exact_sink)
+    except ValueError as e:
+        raise ValueError(f"--kv-exact-sink: {e}") from None
     if args.n_ctx < 1:
         raise ValueError(f"--n-ctx {args.n_ctx}: must be at least 1")
     if args.parallel < 1:
@@ -129,7 +137,8 @@ def _check(args: argparse.Namespace) -> None:
     if args.extra and args.engine != "llama-server":
         raise ValueError(f"extra flags {' '.join(args.extra)!r} are llama-server flags; the python engine takes none")
     # these set what the memory check and the cache types already decided
-    for flag in ("--layer-adaptive", "--kv-exact-window", "--kv-exact-window-margin", "--kv-k-center", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v"):
+    for flag in ("--layer-adaptive", "--kv-exact-window", "--kv-exact-window-margin", "--kv-exact-sink", "--kv-k-center", "-ctk",
+                 "--cache-type-k", "-ctv", "--cache-type-v"):
         if any(a == flag or a.startswith(flag + "=") for a in args.extra):
             raise ValueError(f"{flag} after '--': give it as python -m server's own option")
 
@@ -161,16 +170,18 @@ def _check_memory(model: str, args: argparse.Namespace) -> None:
             unified = kv_unified(args.extra, args.embeddings)
             kv = kv_bytes(model, args.n_ctx * args.parallel, args.cache_type_k, args.cache_type_v, args.layer_adaptive,
                           n_seq=args.parallel, n_stream=1 if unified else args.parallel, upper_bound=True,
-                          exact_window=args.kv_exact_window, exact_window_margin=args.kv_exact_window_margin)
+                          exact_window=args.kv_exact_window, exact_window_margin=args.kv_exact_window_margin,
+                          exact_sink=args.kv_exact_sink)
         else:  # llama-cpp-python keeps every sliding-window cell (swa_full)
             kv = kv_bytes(model, args.n_ctx, args.cache_type_k, args.cache_type_v, args.layer_adaptive,
                           swa_full=True, upper_bound=True, exact_window=args.kv_exact_window,
-                          exact_window_margin=args.kv_exact_window_margin)
+                          exact_window_margin=args.kv_exact_window_margin, exact_sink=args.kv_exact_sink)
         if args.draft_model:  # the draft model has a context of the same size, with its own cache types
             kv += kv_bytes(args.draft_model, args.n_ctx * args.parallel, args.cache_type_k_draft,
                            args.cache_type_v_draft, args.layer_adaptive, n_seq=args.parallel,
                            n_stream=1 if unified else args.parallel, upper_bound=True,
-                           exact_window=args.kv_exact_window, exact_window_margin=args.kv_exact_window_margin)
+                           exact_window=args.kv_exact_window, exact_window_margin=args.kv_exact_window_margin,
+                           exact_sink=args.kv_exact_sink)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return  # an architecture kv_bytes does not know: llama.cpp decides
     weights = Path(model).stat().st_size + (Path(args.draft_model).stat().st_size if args.draft_model else 0)
@@ -204,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
                                                               args.cache_type_v_draft, args.draft_max)
                                            if args.draft_model else None,
                                            args.embeddings, args.kv_exact_window, args.kv_exact_window_margin,
-                                           args.kv_k_center)
+                                           args.kv_k_center, args.kv_exact_sink)
             binary("llama-server")
         except FileNotFoundError as e:
             sys.exit(f"server: {e}")
@@ -226,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
                                       args.n_threads, alias, args.host, args.port, args.api_key, fallback,
                                       verbose=not args.quiet, kv_exact_window=args.kv_exact_window,
                                       kv_exact_window_margin=args.kv_exact_window_margin,
+                                      kv_exact_sink=args.kv_exact_sink,
                                       k_center=None if args.kv_k_center is None else args.kv_k_center == "on")
     except (ValueError, ContextError) as e:
         sys.exit(f"server: {e}")

@@ -62,6 +62,7 @@ class LaunchSpec:
     kv_exact_window: int = 0
     kv_exact_window_margin: int | None = None  # None: the model's
     kv_k_center: str | None = None  # "on" or "off"; None: the model's
+    kv_exact_sink: int = 0
 
     def argv(self) -> list[str]:
         argv = [str(binary("llama-server")), "-m", self.model, "-a", self.alias,
@@ -70,7 +71,8 @@ class LaunchSpec:
                 "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
                 "--host", self.host, "--port", str(self.port)]
         # also when 0: the argument beats a LLAMA_ARG_LAYER_ADAPTIVE in the caller's environment
-        argv += ["--layer-adaptive", str(self.layer_adaptive), "--kv-exact-window", str(self.kv_exact_window)]
+        argv += ["--layer-adaptive", str(self.layer_adaptive), "--kv-exact-window", str(self.kv_exact_window),
+                 "--kv-exact-sink", str(self.kv_exact_sink)]
         if self.kv_exact_window_margin is not None:
             argv += ["--kv-exact-window-margin", str(self.kv_exact_window_margin)]
         if self.kv_k_center is not None:

@@ -31,6 +31,7 @@ class TurboModelSettings(ModelSettings):
     layer_adaptive: int = 0
     kv_exact_window: int = 0
     kv_exact_window_margin: int | None = None
+    kv_exact_sink: int = 0
     k_center: bool | None = None
     chat_template_file: str | None = None
     chat_end_of_turn: str | None = None
@@ -47,6 +48,8 @@ def _load_model(settings: ModelSettings):
     window = exact_window.kv_override(getattr(settings, "kv_exact_window", 0),
                                       getattr(settings, "kv_exact_window_margin", None))
     wv = window[exact_window.key()]
+    sink = exact_window.check_sink(getattr(settings, "kv_exact_sink", 0))
+    window[exact_window.sink_key()] = sink  # also 0, which beats sink rows that the GGUF holds
     center = getattr(settings, "k_center", None)
     center = [] if center is None else [f"{k_centering.key()}=bool:{str(center).lower()}"]
     settings = settings.model_copy(update={"kv_overrides": [*(settings.kv_overrides or []), f"{k}=int:{v}",
@@ -54,7 +57,7 @@ def _load_model(settings: ModelSettings):
                                                             *center]})
     with pl.creating_context(verbose=settings.verbose):
         llm = _load_upstream(settings)
-    if wv:  # a reused prompt prefix is processed again where the window no longer holds its end
+    if wv or sink:  # a reused prompt prefix is processed again where the window no longer holds its end (or sinks)
         upstream_eval = llm.eval
         llm.eval = lambda tokens: upstream_eval(pl.window_tokens(llm, tokens))
     path = getattr(settings, "chat_template_file", None)
@@ -93,13 +96,14 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
               n_ctx: int = 4096, n_threads: int | None = None, alias: str | None = None,
               host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
               chat_fallback: Fallback | None = None, verbose: bool = True, kv_exact_window: int = 0,
-              kv_exact_window_margin: int | None = None, k_center: bool | None = None):
+              kv_exact_window_margin: int | None = None, k_center: bool | None = None, kv_exact_sink: int = 0):
     tk, tv = requested_cache_type(cache_type_k), requested_cache_type(cache_type_v)
     ms = TurboModelSettings(model=model, model_alias=alias or Path(model).name, n_ctx=n_ctx, type_k=tk.ggml_id,
                             type_v=tv.ggml_id, flash_attn=True, layer_adaptive=layer_adaptive,
                             kv_exact_window=exact_window.check(kv_exact_window),
                             kv_exact_window_margin=None if kv_exact_window_margin is None
                             else exact_window.check_margin(kv_exact_window_margin), k_center=k_center,
+                            kv_exact_sink=exact_window.check_sink(kv_exact_sink),
                             verbose=verbose,
                             chat_template_file=str(chat_fallback.path) if chat_fallback else None,
                             chat_end_of_turn=chat_fallback.end_of_turn if chat_fallback else None,
@@ -116,7 +120,7 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
     def health() -> dict:
         return {"status": "ok", "model": ms.model_alias, "cache_type_k": tk.name, "cache_type_v": tv.name,
                 "layer_adaptive": layer_adaptive, "kv_exact_window": kv_exact_window,
-                "kv_exact_window_margin": kv_exact_window_margin, "k_center": k_center}
+                "kv_exact_window_margin": kv_exact_window_margin, "kv_exact_sink": kv_exact_sink, "k_center": k_center}
 
     @app.middleware("http")
     async def reject_bad_requests(request: Request, call_next):
