@@ -172,7 +172,7 @@ def test_shader_type_ids_match_the_type_table():
     ids = {m[0].lower(): int(m[1]) for m in re.findall(r"#define GGML_TYPE_(TURBOQ\w+) (\d+)u", glsl)}
     want = {t.name.removesuffix("_0") if t.block_size == 128 else t.name: t.ggml_id
             for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values(), *TRELLIS_TYPES.values()) if t.is_turboq}
-    # ggml.h's TURBOQ3_T is pyturbo's turboq3t
+    # ggml.h's TURBOQ3T is pyturbo's turboq3t
     assert {re.sub(r"_t$", "t", k.removesuffix("_0")): v for k, v in ids.items()} == want
 
 

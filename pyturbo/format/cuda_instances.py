@@ -7,8 +7,8 @@ The turboq types at a head size are those a layer of that size stores: turboq2/3
 256, their `_g64` twins at 64, their `_g32` twins at 96. The trellis types (turboq3t, turboq2t, at
 128 and 256) pair with each other, with f16 and q8_0, and with turboq4 and turboq8 as V (a trellis
 K beside a finer V); a turboq2/3/4/8 K does not take a
-trellis V, which keeps the instances (and the build) to what a configuration would use. This module is the one list: it also
-writes `fattn-turboq-cases.inc`, the X-macro list of the same cases that turboq.cu declares,
+trellis V, which keeps the instances (and the build) to what a configuration would use. The types come from pyturbo.types (checked against ggml-turboq-types.h);
+this module is the one list of the cases: it also writes `fattn-turboq-cases.inc`, the X-macro list of the same cases that turboq.cu declares,
 dispatches and reports as supported; the cuda patch creates them all and globs the instance files,
 which tests/test_codebook.py checks. `--write` rewrites them inside that patch.
 
@@ -19,12 +19,13 @@ from __future__ import annotations
 import argparse
 
 from .._paths import series_io
+from ..types import TRELLIS_TYPES, TURBOQ_G32_TYPES, TURBOQ_G64_TYPES, TURBOQ_TYPES
 
-TURBOQ = ("turboq2_0", "turboq3_0", "turboq4_0", "turboq8_0")
+TURBOQ = TURBOQ_TYPES
 # head size -> the turboq types a layer of that head size stores
 HEAD_SIZES = {
-    64: tuple(f"turboq{b}_g64" for b in (2, 3, 4, 8)),
-    96: tuple(f"turboq{b}_g32" for b in (2, 3, 4, 8)),
+    64: TURBOQ_G64_TYPES,
+    96: TURBOQ_G32_TYPES,
     128: TURBOQ,
     256: TURBOQ,
 }
@@ -35,9 +36,9 @@ PATCH = "*-cuda-turboq2-3-4-8-*.patch"
 
 
 # head size -> the trellis types a layer of that head size stores (128-value groups only)
-TRELLIS = ("turboq3_t", "turboq2_t")
+TRELLIS = tuple(TRELLIS_TYPES)
 TRELLIS_HEAD_SIZES = {128: TRELLIS, 256: TRELLIS}
-TRELLIS_FINER_V = ("turboq4_0", "turboq8_0")
+TRELLIS_FINER_V = ("turboq4", "turboq8")
 
 
 def k_types(d: int) -> tuple[str, ...]:

@@ -354,22 +354,22 @@ static std::vector<float> fa(const fa_args & a) {
 
 // the K/V pairs and head sizes that tests/test_cuda_emulation.py runs (each is three kernel instances)
 #define TQ_EMU_FA_CASES(X)                                      \
-    X(128, GGML_TYPE_TURBOQ3_0, GGML_TYPE_TURBOQ3_0)            \
-    X(256, GGML_TYPE_TURBOQ4_0, GGML_TYPE_TURBOQ2_0)            \
-    X(128, GGML_TYPE_Q8_0,      GGML_TYPE_TURBOQ4_0)            \
-    X(256, GGML_TYPE_F16,       GGML_TYPE_TURBOQ3_0)            \
-    X(128, GGML_TYPE_TURBOQ8_0, GGML_TYPE_TURBOQ8_0)            \
-    X(128, GGML_TYPE_TURBOQ2_0, GGML_TYPE_F16)                  \
-    X(128, GGML_TYPE_TURBOQ3_0, GGML_TYPE_Q8_0)                 \
+    X(128, GGML_TYPE_TURBOQ3, GGML_TYPE_TURBOQ3)            \
+    X(256, GGML_TYPE_TURBOQ4, GGML_TYPE_TURBOQ2)            \
+    X(128, GGML_TYPE_Q8_0,      GGML_TYPE_TURBOQ4)            \
+    X(256, GGML_TYPE_F16,       GGML_TYPE_TURBOQ3)            \
+    X(128, GGML_TYPE_TURBOQ8, GGML_TYPE_TURBOQ8)            \
+    X(128, GGML_TYPE_TURBOQ2, GGML_TYPE_F16)                  \
+    X(128, GGML_TYPE_TURBOQ3, GGML_TYPE_Q8_0)                 \
     X( 64, GGML_TYPE_TURBOQ3_G64, GGML_TYPE_TURBOQ3_G64)        \
     X( 64, GGML_TYPE_TURBOQ4_G64, GGML_TYPE_F16)                \
     X( 64, GGML_TYPE_Q8_0,        GGML_TYPE_TURBOQ2_G64)        \
     X( 96, GGML_TYPE_TURBOQ3_G32, GGML_TYPE_TURBOQ3_G32)        \
     X( 96, GGML_TYPE_F16,         GGML_TYPE_TURBOQ8_G32)        \
     X( 96, GGML_TYPE_TURBOQ4_G32, GGML_TYPE_Q8_0)                 \
-    X(128, GGML_TYPE_TURBOQ3_T,   GGML_TYPE_TURBOQ3_T)          \
-    X(256, GGML_TYPE_TURBOQ2_T,   GGML_TYPE_TURBOQ4_0)          \
-    X(128, GGML_TYPE_F16,         GGML_TYPE_TURBOQ2_T)
+    X(128, GGML_TYPE_TURBOQ3T,   GGML_TYPE_TURBOQ3T)          \
+    X(256, GGML_TYPE_TURBOQ2T,   GGML_TYPE_TURBOQ4)          \
+    X(128, GGML_TYPE_F16,         GGML_TYPE_TURBOQ2T)
 
 static bool read_file(const char * path, void * dst, size_t n) {
     FILE * f = fopen(path, "rb");
@@ -464,10 +464,10 @@ int main(int argc, char ** argv) {
         return 2;
     }
     switch (type) {
-        TQ_EMU_CASE(GGML_TYPE_TURBOQ2_0)
-        TQ_EMU_CASE(GGML_TYPE_TURBOQ3_0)
-        TQ_EMU_CASE(GGML_TYPE_TURBOQ4_0)
-        TQ_EMU_CASE(GGML_TYPE_TURBOQ8_0)
+        TQ_EMU_CASE(GGML_TYPE_TURBOQ2)
+        TQ_EMU_CASE(GGML_TYPE_TURBOQ3)
+        TQ_EMU_CASE(GGML_TYPE_TURBOQ4)
+        TQ_EMU_CASE(GGML_TYPE_TURBOQ8)
         TQ_EMU_CASE(GGML_TYPE_TURBOQ2_G64)
         TQ_EMU_CASE(GGML_TYPE_TURBOQ3_G64)
         TQ_EMU_CASE(GGML_TYPE_TURBOQ4_G64)
@@ -480,8 +480,8 @@ int main(int argc, char ** argv) {
         TQ_EMU_CASE(GGML_TYPE_TURBOQ3_G16)
         TQ_EMU_CASE(GGML_TYPE_TURBOQ4_G16)
         TQ_EMU_CASE(GGML_TYPE_TURBOQ8_G16)
-        TQ_EMU_CASE(GGML_TYPE_TURBOQ3_T)
-        TQ_EMU_CASE(GGML_TYPE_TURBOQ2_T)
+        TQ_EMU_CASE(GGML_TYPE_TURBOQ3T)
+        TQ_EMU_CASE(GGML_TYPE_TURBOQ2T)
         default: fprintf(stderr, "type %d is not a turboq type\n", (int) type); return 2;
     }
     return fclose(out) == 0 ? 0 : 1;

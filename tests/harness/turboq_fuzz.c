@@ -10,35 +10,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-// the ggml-base symbols ggml-turboq.c needs, so the codec links alone
-bool ggml_is_turboq(enum ggml_type type) { return type >= GGML_TYPE_TURBOQ2_0 && type <= GGML_TYPE_TURBOQ8_0; }
+// the ggml-base symbols ggml-turboq.c needs, so the codec links alone; the types are
+// ggml-turboq-types.h's rows (which ggml.c holds to the enum and the block layouts)
+bool ggml_is_turboq(enum ggml_type type) {
+    switch (type) {
+        GGML_TURBOQ_BASE_TYPES(GGML_TURBOQ_CASE) return true;
+        default: return false;
+    }
+}
+
 int ggml_turboq_group(enum ggml_type type) {
-    return ggml_is_turboq(type) ? 128 : type >= GGML_TYPE_TURBOQ2_G64 && type <= GGML_TYPE_TURBOQ8_G64 ? 64
-         : type >= GGML_TYPE_TURBOQ2_G32 && type <= GGML_TYPE_TURBOQ8_G32 ? 32
-         : type >= GGML_TYPE_TURBOQ2_G16 && type <= GGML_TYPE_TURBOQ8_G16 ? 16
-         : type == GGML_TYPE_TURBOQ3_T || type == GGML_TYPE_TURBOQ2_T ? 128 : 0;
+    switch (type) {
+#define TQ_ROW(E, name, id, bits, group, bytes) case GGML_TYPE_##E: return (group);
+        GGML_TURBOQ_TYPES(TQ_ROW)
+#undef TQ_ROW
+        default: return 0;
+    }
 }
 
 static size_t turboq_block_bytes(enum ggml_type type) {
     switch (type) {
-        case GGML_TYPE_TURBOQ2_0: return 34;
-        case GGML_TYPE_TURBOQ3_0: return 50;
-        case GGML_TYPE_TURBOQ4_0: return 68;
-        case GGML_TYPE_TURBOQ8_0: return 130;
-        case GGML_TYPE_TURBOQ2_G64: return 18;
-        case GGML_TYPE_TURBOQ3_G64: return 26;
-        case GGML_TYPE_TURBOQ4_G64: return 34;
-        case GGML_TYPE_TURBOQ8_G64: return 66;
-        case GGML_TYPE_TURBOQ2_G32: return 10;
-        case GGML_TYPE_TURBOQ3_G32: return 14;
-        case GGML_TYPE_TURBOQ4_G32: return 18;
-        case GGML_TYPE_TURBOQ8_G32: return 34;
-        case GGML_TYPE_TURBOQ2_G16: return 6;
-        case GGML_TYPE_TURBOQ3_G16: return 8;
-        case GGML_TYPE_TURBOQ4_G16: return 10;
-        case GGML_TYPE_TURBOQ8_G16: return 18;
-        case GGML_TYPE_TURBOQ3_T: return 50;
-        case GGML_TYPE_TURBOQ2_T: return 34;
+#define TQ_ROW(E, name, id, bits, group, bytes) case GGML_TYPE_##E: return (bytes);
+        GGML_TURBOQ_TYPES(TQ_ROW)
+#undef TQ_ROW
         default: abort();
     }
 }
@@ -60,24 +54,9 @@ typedef size_t (*quantize_fn)(const float *, void *, int64_t, int64_t, const flo
 typedef void   (*dequantize_fn)(const void *, float *, int64_t);
 
 static const struct { quantize_fn quantize; dequantize_fn dequantize; } codecs[] = {
-    { quantize_turboq2_0, dequantize_row_turboq2_0 },
-    { quantize_turboq3_0, dequantize_row_turboq3_0 },
-    { quantize_turboq4_0, dequantize_row_turboq4_0 },
-    { quantize_turboq8_0, dequantize_row_turboq8_0 },
-    { quantize_turboq2_g64, dequantize_row_turboq2_g64 },
-    { quantize_turboq3_g64, dequantize_row_turboq3_g64 },
-    { quantize_turboq4_g64, dequantize_row_turboq4_g64 },
-    { quantize_turboq8_g64, dequantize_row_turboq8_g64 },
-    { quantize_turboq2_g32, dequantize_row_turboq2_g32 },
-    { quantize_turboq3_g32, dequantize_row_turboq3_g32 },
-    { quantize_turboq4_g32, dequantize_row_turboq4_g32 },
-    { quantize_turboq8_g32, dequantize_row_turboq8_g32 },
-    { quantize_turboq2_g16, dequantize_row_turboq2_g16 },
-    { quantize_turboq3_g16, dequantize_row_turboq3_g16 },
-    { quantize_turboq4_g16, dequantize_row_turboq4_g16 },
-    { quantize_turboq8_g16, dequantize_row_turboq8_g16 },
-    { quantize_turboq3_t, dequantize_row_turboq3_t },
-    { quantize_turboq2_t, dequantize_row_turboq2_t },
+#define TQ_ROW(E, name, id, bits, group, bytes) [GGML_TYPE_##E - GGML_TYPE_TURBOQ2] = { quantize_##name, dequantize_row_##name },
+    GGML_TURBOQ_TYPES(TQ_ROW)
+#undef TQ_ROW
 };
 
 int main(void) {
@@ -91,9 +70,9 @@ int main(void) {
     const size_t nbytes = ggml_row_size(type, n);
     void * q = malloc(nbytes);
     if (fread(x, sizeof(float), n, stdin) != (size_t) n) return 2;
-    const size_t written = codecs[type - GGML_TYPE_TURBOQ2_0].quantize(x, q, 1, n, NULL);
+    const size_t written = codecs[type - GGML_TYPE_TURBOQ2].quantize(x, q, 1, n, NULL);
     if (written != nbytes) return 3;
-    codecs[type - GGML_TYPE_TURBOQ2_0].dequantize(q, y, n);
+    codecs[type - GGML_TYPE_TURBOQ2].dequantize(q, y, n);
     fwrite(q, 1, nbytes, stdout);
     fwrite(y, sizeof(float), n, stdout);
     free(x); free(y); free(q);
