@@ -5,9 +5,14 @@
 # then skip, except under CI=true). The portable-kernel builds (AArch64 under qemu, x86 without
 # AVX2/FMA) for tests/test_portable_kernels.py: PYTURBO_SKIP_PORTABLE=1 leaves them out.
 # --quick: setup.sh's CPU build and tiny models only, pytest -m "$QUICK" (pyproject.toml's markers); args go to pytest.
+# pytest runs the test files on as many workers as there are cores, up to 4 (pytest-xdist, a file per
+# worker at a time, so a module's fixtures are made once): on 2 cores much of a test's time is a
+# process starting, a server answering, a compiler or pip, which the other worker overlaps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK="not (slow or vulkan or portable or cuda_emulation or package or seeded)"
+n=$(nproc)
+WORKERS=(-n "$(( n < 4 ? n : 4 ))" --dist loadfile)
 quick=0
 args=()
 for a in "$@"; do
@@ -18,7 +23,7 @@ bash scripts/setup.sh
 if [ "$quick" = 1 ]; then
     echo "test.sh --quick: setup $(( $(date +%s) - t0 )) s"
     rc=0
-    python3 -m pytest -q -ra --durations=15 -m "$QUICK" tests ${args[@]+"${args[@]}"} || rc=$?
+    python3 -m pytest -q -ra --durations=15 "${WORKERS[@]}" -m "$QUICK" tests ${args[@]+"${args[@]}"} || rc=$?
     echo "test.sh --quick: $(( $(date +%s) - t0 )) s in all"
     exit "$rc"
 fi
@@ -38,6 +43,6 @@ if [ "${PYTURBO_SKIP_PORTABLE:-0}" != 1 ]; then
     echo "test.sh: portable-kernel builds (AArch64, no-AVX2) $(( $(date +%s) - t4 )) s"
 fi
 rc=0
-python3 -m pytest -q -ra --durations=15 tests ${args[@]+"${args[@]}"} || rc=$?
+python3 -m pytest -q -ra --durations=15 "${WORKERS[@]}" tests ${args[@]+"${args[@]}"} || rc=$?
 echo "test.sh: $(( $(date +%s) - t0 )) s in all"
 exit "$rc"

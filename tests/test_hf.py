@@ -353,21 +353,37 @@ CPP_DRAW_SD = 0.057
 INCREASE_TOL = 3 * math.sqrt((math.sqrt(2) * SEED_SD) ** 2 + CPP_DRAW_SD ** 2)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model,type_name", [("gemma_lm", "turboq3"), ("smollm2_lm", "turboq3"), ("gemma_lm", "turboq3t")])
-def test_ppl_cross_check_with_llama_cpp(model, type_name, request, monkeypatch):
-    """Gemma 3 (head_dim 256, 128-value groups) and SmolLM2 (head_dim 64: the _g64 twins on both sides);
-    the trellis type turboq3t on Gemma (the build takes it: -DPYTURBO_TRELLIS=ON)."""
+@pytest.fixture(scope="module")
+def cross_check_ppl():
+    """(model fixture, type) -> (transformers PPL, llama.cpp PPL), each computed once: the f16
+    baseline serves every type of a model."""
     from pyturbo.tools import llama_perplexity
 
     env = {"TURBOQ_K_BALANCE": "0"}  # the same scheme on both sides: the transformers cache centers K but has no channel scale
-    lm = request.getfixturevalue(model)
     chunks = 4
     text = data.corpus_slice(12000)
+    done: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def ppl(model: str, lm, t: str) -> tuple[float, float]:
+        if (model, t) not in done:
+            hf = hf_perplexity(lm, text.read_text(encoding="utf-8"), t, t, max_length=512, stride=512,
+                               score_from=257, max_tokens=chunks * 512, show_progress=False).ppl
+            cpp = llama_perplexity(lm.gguf, text, t, t, ctx=512, chunks=chunks, threads=2, env=env).ppl
+            done[model, t] = (hf, cpp)
+        return done[model, t]
+    return ppl
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,type_name", [("gemma_lm", "turboq3"), ("smollm2_lm", "turboq3"), ("gemma_lm", "turboq3t")])
+def test_ppl_cross_check_with_llama_cpp(model, type_name, request, cross_check_ppl):
+    """Gemma 3 (head_dim 256, 128-value groups) and SmolLM2 (head_dim 64: the _g64 twins on both sides);
+    the trellis type turboq3t on Gemma (the build takes it: -DPYTURBO_TRELLIS=ON)."""
+    lm = request.getfixturevalue(model)
     types = ("f16", type_name)
-    hf = {t: hf_perplexity(lm, text.read_text(encoding="utf-8"), t, t, max_length=512, stride=512,
-                           score_from=257, max_tokens=chunks * 512, show_progress=False).ppl for t in types}
-    cpp = {t: llama_perplexity(lm.gguf, text, t, t, ctx=512, chunks=chunks, threads=2, env=env).ppl for t in types}
+    runs = {t: cross_check_ppl(model, lm, t) for t in types}
+    hf = {t: runs[t][0] for t in types}
+    cpp = {t: runs[t][1] for t in types}
     inc_hf, inc_cpp = hf[type_name] / hf["f16"] - 1, cpp[type_name] / cpp["f16"] - 1
     print(f"{model} f16 PPL: transformers {hf['f16']:.3f}, llama.cpp {cpp['f16']:.3f}; {type_name}: {hf[type_name]:.3f}, "
           f"{cpp[type_name]:.3f}; increase {inc_hf:+.2%} vs {inc_cpp:+.2%} (tolerance {INCREASE_TOL:.3f})")

@@ -211,7 +211,6 @@ def test_a_context_that_cannot_fit_is_refused_at_startup(build_info, engine):
     """Twice the machine's available memory of f16 KV: a message with the sizes, before any
     allocation (llama.cpp would clear the buffer and be killed by the kernel)."""
     import subprocess
-    import sys
 
     from pyturbo import data
     from pyturbo.memory import kv_bytes

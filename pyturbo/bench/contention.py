@@ -5,6 +5,7 @@
 For each cache type and thread count, llama-bench (`-fa 1`) measures pp128 and tg16:
 - idle;
 - beside one busy process pinned to one core (`busy`);
+- beside a `llama-perplexity` that uses every core (`ppl`: the issue's scenario, decode only);
 - beside a second llama-bench of the same configuration started at the same moment (`pair`: both
   processes' decode is reported, the slower one in the ratio).
 Every figure comes from this one run; ratios are to the idle figure of the same row. The machine
@@ -16,6 +17,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,6 +69,35 @@ class _Busy:
         self.p.wait()
 
 
+class _Perplexity:
+    """A llama-perplexity over the bundled text on every core, f16 cache: another llama.cpp job."""
+
+    def __init__(self, model: Path):
+        self.cmd = [str(binary("llama-perplexity")), "-m", str(model), "-f", str(data.corpus()), "-c", "512",
+                    "-t", str(os.cpu_count() or 1), "-fa", "on"]
+
+    def __enter__(self):
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.p = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True, env=tool_env(),
+                                  stdin=subprocess.DEVNULL)
+        # past the load and the tokenization: it says so before its first chunk
+        t_end = time.monotonic() + 60
+        while time.monotonic() < t_end and self.p.poll() is None:
+            self.log.seek(0)
+            if "calculating perplexity" in self.log.read():
+                break
+            time.sleep(0.2)
+        if self.p.poll() is not None:
+            self.log.seek(0)
+            raise RuntimeError(f"llama-perplexity, the load, exited {self.p.returncode}: {self.log.read()[-500:]}")
+        return self
+
+    def __exit__(self, *exc):
+        self.p.kill()
+        self.p.wait()
+        self.log.close()
+
+
 def contention(args: argparse.Namespace) -> None:
     model = data.model_path(args.model)
     pp, tg = ["-p", "128", "-n", "0"], ["-p", "0", "-n", "16"]
@@ -81,6 +112,9 @@ def contention(args: argparse.Namespace) -> None:
                     (busy,) = _run([_bench_cmd(model, cache, threads, extra, args.poll)], args.timeout)
                 r[f"busy {key}"] = busy.get(key) if busy else None
                 if key == "tg16":
+                    with _Perplexity(model):
+                        (ppl,) = _run([_bench_cmd(model, cache, threads, extra, args.poll)], args.timeout)
+                    r["ppl tg16"] = ppl.get(key) if ppl else None
                     pair = _run([_bench_cmd(model, cache, threads, extra, args.poll)] * 2, args.timeout)
                     got = [p.get(key) if p else None for p in pair]
                     r["pair tg16"] = None if None in got else min(got)
@@ -95,15 +129,17 @@ def contention(args: argparse.Namespace) -> None:
     def ratio(a: float | None, b: float | None) -> str:
         return f"{a / b:.3f}" if a and b else "-"
 
-    print(f"\n{model.name}, llama-bench -fa 1 -r 1" + (f" --poll {args.poll}" if args.poll is not None else "")
-          + f"; busy = one busy process pinned to one core, pair = two llama-bench at once (the slower);"
-          f" {os.cpu_count()} CPUs\n")
-    print("| K/V | -t | idle pp128 | idle tg16 | busy pp128 | busy tg16 | busy tg16 / idle | pair tg16 (both) | pair / idle |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"\n{model.name}, llama-bench -fa 1 -r 3" + (f" --poll {args.poll}" if args.poll is not None else "")
+          + f"; busy = one busy process pinned to one core, ppl = a llama-perplexity on every core, pair = two"
+          f" llama-bench at once (the slower); {os.cpu_count()} CPUs\n")
+    print("| K/V | -t | idle pp128 | idle tg16 | busy pp128 | busy tg16 | busy tg16 / idle | ppl tg16 | ppl / idle "
+          "| pair tg16 (both) | pair / idle |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for cache, threads, r in rows:
         both = f"{fmt(r['pair tg16'])}, {fmt(r['pair tg16 other'])}" if r["pair tg16"] else fmt(None)
         print(f"| {cache} | {threads} | {fmt(r['idle pp128'])} | {fmt(r['idle tg16'])} | {fmt(r['busy pp128'])} | "
-              f"{fmt(r['busy tg16'])} | {ratio(r['busy tg16'], r['idle tg16'])} | {both} | "
+              f"{fmt(r['busy tg16'])} | {ratio(r['busy tg16'], r['idle tg16'])} | {fmt(r['ppl tg16'])} | "
+              f"{ratio(r['ppl tg16'], r['idle tg16'])} | {both} | "
               f"{ratio(r['pair tg16'], r['idle tg16'])} |")
 
 

@@ -200,7 +200,7 @@ def render_header() -> str:
             parts.append(f"// {1 << b} levels; E||u - Q(u)||^2 = {g * lm.mse:.6f} for a unit vector in R^{g}")
             parts.append(f"TURBOQ_TABLE float turboq{b}_g{g}_centroids[{1 << b}] = {{\n{_c_floats(cbs[f'turboq{b}_g{g}'])}\n}};")
             parts.append(f"TURBOQ_TABLE float turboq{b}_g{g}_thresholds[{(1 << b) - 1}] = {{\n{_c_floats(thr[f'turboq{b}_g{g}'])}\n}};\n")
-    parts.append(f"// The trellis types: value t of a group is the entry of the state s_t = (s_(t-1) << bits | code_t)")
+    parts.append("// The trellis types: value t of a group is the entry of the state s_t = (s_(t-1) << bits | code_t)")
     parts.append(f"// mod 2^{TRELLIS_L} (s_-1 = 0), Lloyd-trained with Viterbi paths (pyturbo/format/trellis.py).")
     parts.append(f"#define TURBOQ_TRELLIS_L {TRELLIS_L}")
     for name, cb in trellis_codebooks().items():

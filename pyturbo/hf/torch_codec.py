@@ -17,7 +17,6 @@ import contextlib
 from collections.abc import Iterator
 from functools import lru_cache
 
-import numpy as np
 import torch
 
 from ..format import reference, trellis

@@ -13,7 +13,6 @@ starts with BOS, as llama-perplexity's chunks do.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 

@@ -8,7 +8,6 @@ is reported with its exit status or signal instead of leaving a port with nothin
 from __future__ import annotations
 
 import ctypes
-import os
 import signal
 import subprocess
 import sys
