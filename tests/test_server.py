@@ -293,3 +293,23 @@ def test_each_engine_gives_the_model_its_k_centering(build_info, capfd):
     llm = python_engine._load_model(settings)
     assert "turboq.k_center=false (set by" in capfd.readouterr().err
     del llm
+
+
+@pytest.mark.slow
+def test_llama_server_waits_passively_between_tokens(server):
+    """The OpenMP threads of the server's engine wait passively (OMP_WAIT_POLICY), which keeps
+    decode beside another busy process at about 0.45x of idle instead of 0.38x (docs/server.md)."""
+    engine, _, proc = server
+    if engine != "llama-server":
+        pytest.skip("the python engine loads libgomp in the server's own process, whose /proc environ is its start's")
+    (child,) = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    env = dict(e.split("=", 1) for e in Path(f"/proc/{child}/environ").read_text().split("\0") if "=" in e)
+    assert env.get("OMP_WAIT_POLICY") == "passive"
+
+
+def test_a_wait_policy_the_user_set_is_kept(monkeypatch):
+    from pyturbo.server.cli import wait_passively
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    assert wait_passively() == "active"
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert wait_passively() == "passive"

@@ -33,7 +33,7 @@ PAGE = ROOT / "docs" / "settings.md"
 SECTION = "## Environment variables"
 
 PREFIXES = ("PYTURBO_", "TURBOQ_", "TURBO_", "GGML_", "LLAMA_")
-EXACT = {"CI"}
+EXACT = {"CI", "OMP_WAIT_POLICY"}  # the names without a project prefix that the Python side reads
 KINDS = {"user setting", "alias", "deprecated alias", "feature gate", "debug A/B switch", "build-dir", "test-suite control"}
 # issue 57: at most this many debug switches on the C/C++ side besides the LLAMA_ARG_* aliases
 MAX_C_DEBUG_SWITCHES = 6
