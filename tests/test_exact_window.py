@@ -363,11 +363,14 @@ def test_sink_rows_cross_ubatches(tiny128, short_text, ubatch):
     """Sink rows alone (no window) and beside a window: a chunk in ubatches of 7 or 64 reads its
     first positions from the sink slots and gives the perplexity of one ubatch per chunk (where
     they come from the ubatch itself) to 6 digits, and not that of the cache without them. A sink
-    row lost after its ubatch, or read from a slot that another position overwrote, moves it."""
+    row lost after its ubatch, or read from a slot that another position overwrote, moves it
+    (by more than 1e-4 below). Tolerance 2e-5: ubatches of 7 tokens (14 query rows of a GQA pair)
+    take the decode steps' path, whose turboq scores sum in another order than the prefill's GEMM
+    (measured 5e-6 with patch 39's 16-row sums)."""
     for extra in (sink(4), (*window(16), *sink(4))):
         one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=extra)
         split = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*extra, "-ub", ubatch))
-        assert split.ppl == pytest.approx(one.ppl, rel=1e-6), extra
+        assert split.ppl == pytest.approx(one.ppl, rel=2e-5), extra
     plain = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=("-ub", ubatch))
     alone = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=sink(4))
     assert abs(plain.ppl - alone.ppl) > 1e-4 * alone.ppl, (plain.ppl, alone.ppl)

@@ -89,6 +89,31 @@ def test_tiled_flash_attention_grouping_per_head_mask_and_softcap(lib, type_k, t
         assert err < bound, f"{n_threads} threads: max abs err {err:.3g} > {bound:.3g}"
 
 
+@pytest.mark.parametrize("type_k,type_v,dk", [("turboq3_g64", "turboq3_g64", 64), ("turboq4", "turboq2", 128),
+                                              ("turboq3", "turboq3", 256), ("turboq2_g64", "turboq8_g64", 192)])
+@pytest.mark.parametrize("n_q", [1, 3])
+def test_a_decode_steps_turboq_tile_with_per_head_masks_and_softcap(lib, type_k, type_v, dk, n_q):
+    """Decode steps (fewer query rows than a GEMM fills) read a turboq K tile through
+    ggml_turboq_fa_kq_rows, 16 cached rows' scores at a time: 3 query heads per KV head (SmolLM2's
+    grouping), head sizes 64 to 256, KV lengths that leave partial groups of 16 and of 64, a mask
+    per head, and with the soft cap; 1 and 2 threads (2 split the KV range)."""
+    n_kv = 357
+    q, k, v = case(dk + n_q, 6, 2, n_q, n_kv, dk)
+    q *= 3.0
+    rng = np.random.default_rng(dk)
+    mask = np.where(rng.random((6, n_q, n_kv)) < 0.2, -np.inf, 0.0).astype(np.float32)
+    mask[:, :, :70] = -np.inf
+    scale = 1.0 / np.sqrt(dk)
+    for softcap in (0.0, 5.0):
+        want = numpy_attention(q, decoded(k, type_k), decoded(v, type_v), scale, mask.astype(np.float16), softcap)
+        bound = TOL * max(1.0, float(np.abs(want).max()))
+        for n_threads in (1, 2):
+            out = attention.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=n_threads, mask=mask,
+                                       softcap=softcap)
+            err = float(np.abs(out - want).max())
+            assert err < bound, f"softcap {softcap}, {n_threads} threads: max abs err {err:.3g} > {bound:.3g}"
+
+
 def test_one_row_path_is_still_reachable(lib):
     # use_ref forces the one-row kernel: on q8_0 K it quantizes Q, so it must differ from the tiled
     # result by more than the tiled path's own error (this is what keeps the test above meaningful)
@@ -99,3 +124,33 @@ def test_one_row_path_is_still_reachable(lib):
     want = numpy_attention(q, decoded(k, "q8_0"), decoded(v, "q8_0"), 1 / np.sqrt(128), mask)
     assert np.abs(tiled - want).max() < TOL
     assert np.abs(ref - want).max() > 3 * TOL
+
+
+def test_the_decode_node_bench_builds_and_prints_its_bound(build_info, tmp_path):
+    """bench/fa_decode_node.cpp (issue 62's measurement): it builds against the libraries as its
+    header says, and a small node prints its time beside the read-bandwidth bound; its output is
+    the CPU backend's, finite."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from pyturbo import _paths
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    src = Path(__file__).resolve().parents[1] / "bench" / "fa_decode_node.cpp"
+    lib = _paths.lib_dir()
+    exe = tmp_path / "fa_decode_node"
+    subprocess.run([cxx, "-O2", "-std=c++17", f"-I{Path(build_info['upstream_src']) / 'ggml' / 'include'}", str(src),
+                    f"-L{lib}", "-lggml-base", "-lggml-cpu", "-lggml", f"-Wl,-rpath,{lib}", "-pthread", "-o", str(exe)],
+                   check=True)
+    out = tmp_path / "out.f32"
+    r = subprocess.run([str(exe), "turboq3_g64", "turboq3_g64", "64", "9", "3", "300", "1", "2"], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "FA_OUT": str(out)})
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"us a node; K\+V [\d.]+ MB, read bandwidth [\d.]+ GB/s, bound [\d.]+ us \(\d+% of it\)", r.stdout), r.stdout
+    o = np.fromfile(out, dtype=np.float32)
+    assert o.size == 64 * 9 and np.isfinite(o).all() and np.abs(o).max() > 0
+    bad = subprocess.run([str(exe), "turboq9", "turboq3", "64", "9", "3", "300", "1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown type turboq9" in bad.stderr

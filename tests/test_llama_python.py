@@ -68,12 +68,16 @@ def test_invalid_layer_adaptive_mode(Llama, tiny128):
 
 def decode_logits(Llama, path: str, k: str, v: str, tokens: list[int], n_prompt: int,
                   k_center: bool | None = None) -> np.ndarray:
-    """Logits of the decode steps: the prompt in one batch, then one token per eval (teacher-forced)."""
-    llm = make(Llama, path, cache_type_k=k, cache_type_v=v, flash_attn=True, logits_all=True, k_center=k_center)
+    """Logits of the decode steps: the prompt in one batch, then one token per eval (teacher-forced).
+    Each eval's last row only (logits_all would also run the output layer over the whole prompt,
+    262k columns a row on Gemma, and the same rows come back: last_logits reads llama.cpp's)."""
+    llm = make(Llama, path, cache_type_k=k, cache_type_v=v, flash_attn=True, k_center=k_center)
     llm.eval(tokens[:n_prompt])
-    for t in tokens[n_prompt:]:
+    rows = [last_logits(llm)]
+    for t in tokens[n_prompt:-1]:
         llm.eval([t])
-    return np.array(llm.scores[n_prompt - 1:len(tokens) - 1], dtype=np.float64)
+        rows.append(last_logits(llm))
+    return np.array(rows, dtype=np.float64)
 
 
 def mean_kld(ref: np.ndarray, x: np.ndarray) -> float:

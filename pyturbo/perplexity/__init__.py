@@ -29,11 +29,17 @@ class PerplexityRun:
     n_scored: int
 
 
-def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """log p(target) per row; exp in float32 (vocabularies reach 262k), sums in float64."""
-    m = logits.max(axis=1, keepdims=True)
-    lse = m[:, 0].astype(np.float64) + np.log(np.exp(logits - m).sum(axis=1, dtype=np.float64))
-    return logits[np.arange(len(targets)), targets].astype(np.float64) - lse
+def log_softmax_at(logits: np.ndarray, targets: np.ndarray, rows: int = 16) -> np.ndarray:
+    """log p(target) per row; exp in float32 (vocabularies reach 262k), sums in float64. A few rows
+    at a time: the temporaries of a whole window (hundreds of MB at 262k) cost more in page faults
+    than the arithmetic, and each row's result does not depend on the others."""
+    out = np.empty(len(targets), dtype=np.float64)
+    for i in range(0, len(targets), rows):
+        x = logits[i:i + rows]
+        m = x.max(axis=1, keepdims=True)
+        lse = m[:, 0].astype(np.float64) + np.log(np.exp(x - m).sum(axis=1, dtype=np.float64))
+        out[i:i + rows] = x[np.arange(len(x)), targets[i:i + rows]].astype(np.float64) - lse
+    return out
 
 
 def score_windows(tokens: list[int], bos: int | None, window_nll: Callable[[list[int], int], tuple[float, int]],

@@ -2,10 +2,12 @@
 // run under a small emulation of CUDA's execution model, so that they can be checked against the
 // NumPy reference where no GPU is at hand (tests/test_cuda_emulation.py).
 //
-// What is emulated: a block is blockDim.x*blockDim.y host threads; __syncthreads is a barrier of
+// What is emulated: a block is blockDim.x*blockDim.y threads; __syncthreads is a barrier of
 // the block; each warp of 32 threads exchanges values through a barrier (__shfl_*_sync,
 // __all_sync); __shared__ variables are statics, which the threads of the one block that runs at
-// a time share. The float intrinsics (__fadd_rn, ...) are IEEE single operations, compiled with
+// a time share. The threads are fibers (ucontext) on one OS thread, switched at the barriers:
+// OS threads meeting at a barrier after every shuffle spent most of the test's time in the
+// scheduler on a 2-core machine. The float intrinsics (__fadd_rn, ...) are IEEE single operations, compiled with
 // -ffp-contract=off as nvcc keeps them. What is not: the GPU's flush-to-zero of subnormals
 // (-use_fast_math), timing, memory coherence beyond the barriers, and everything outside the
 // codec kernels (flash attention, the host launches).
@@ -18,7 +20,6 @@
 //   4. the blocks of a CPY f32 -> turboq from a source with padded rows (quantize_nd);
 //   5. CPY turboq -> f16 into a destination with padded rows (dequantize_nd), padding dropped.
 #include <algorithm>
-#include <barrier>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -27,7 +28,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <thread>
+#include <ucontext.h>
 #include <vector>
 
 #include "ggml.h"
@@ -77,22 +78,53 @@ struct dim3 {
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
+// A barrier of fibers: the last to arrive goes on; the others return to the scheduler, which
+// resumes them once the barrier's generation has moved on.
+struct emu_barrier {
+    explicit emu_barrier(int n) : expected(n) {}
+    int      expected;
+    int      count = 0;
+    uint64_t gen   = 0;
+    void arrive_and_wait();
+};
+
 struct emu_warp {
-    std::barrier<> bar{32};
+    emu_barrier bar{32};
     uint32_t slot[32];
 };
 
 struct emu_block {
     explicit emu_block(int n) : bar(n), warps(n/32) {}
-    std::barrier<> bar;
+    emu_barrier bar;
     std::vector<emu_warp> warps;
 };
 
-static thread_local dim3        threadIdx;
-static thread_local dim3        blockIdx;
-static thread_local emu_block * emu_cur_block;
-static thread_local emu_warp  * emu_cur_warp;
-static thread_local int         emu_lane;
+struct emu_fiber {
+    ucontext_t          ctx;
+    bool                done    = false;
+    const emu_barrier * waiting = nullptr;  // blocked until waiting->gen != wait_gen
+    uint64_t            wait_gen = 0;
+};
+
+// the running fiber's CUDA coordinates, set by the scheduler at every switch
+static dim3        threadIdx;
+static dim3        blockIdx;
+static emu_block * emu_cur_block;
+static emu_warp  * emu_cur_warp;
+static int         emu_lane;
+static emu_fiber * emu_cur_fiber;
+static ucontext_t  emu_scheduler;
+
+void emu_barrier::arrive_and_wait() {
+    if (++count == expected) {
+        count = 0;
+        ++gen;
+        return;
+    }
+    emu_cur_fiber->waiting  = this;
+    emu_cur_fiber->wait_gen = gen;
+    swapcontext(&emu_cur_fiber->ctx, &emu_scheduler);
+}
 
 static inline void __syncthreads() { emu_cur_block->bar.arrive_and_wait(); }
 
@@ -158,31 +190,61 @@ static float get_alibi_slope(const float max_bias, const uint32_t h, const uint3
 #include "ggml-cuda/turboq-device.cuh"
 #include "ggml-cuda/fattn-turboq.cuh"
 
-// runs kernel() as grid x block threads, one block at a time
+static const std::function<void()> * emu_kernel;
+
+static void emu_fiber_main() {
+    (*emu_kernel)();
+    emu_cur_fiber->done = true;  // then uc_link: back to the scheduler
+}
+
+// runs kernel() as grid x block threads, one block at a time, each thread a fiber; the stacks
+// are kept for the next block (untouched pages cost nothing)
 static void emu_launch(dim3 grid, dim3 block, const std::function<void()> & kernel) {
+    constexpr size_t STACK = 512*1024;
+    static std::vector<std::unique_ptr<char[]>> stacks;
     const int n = (int) (block.x*block.y*block.z);
     if (n % 32 != 0) {
         fprintf(stderr, "emulation: a block must be whole warps\n");
         exit(2);
     }
+    while ((int) stacks.size() < n) {
+        stacks.emplace_back(new char[STACK]);
+    }
+    emu_kernel = &kernel;
     for (unsigned bz = 0; bz < grid.z; ++bz) {
         for (unsigned by = 0; by < grid.y; ++by) {
             for (unsigned bx = 0; bx < grid.x; ++bx) {
                 emu_block blk(n);
-                std::vector<std::thread> threads;
-                threads.reserve(n);
+                std::vector<emu_fiber> fibers(n);
                 for (int t = 0; t < n; ++t) {
-                    threads.emplace_back([&, t] {
+                    getcontext(&fibers[t].ctx);
+                    fibers[t].ctx.uc_stack.ss_sp   = stacks[t].get();
+                    fibers[t].ctx.uc_stack.ss_size = STACK;
+                    fibers[t].ctx.uc_link          = &emu_scheduler;
+                    makecontext(&fibers[t].ctx, emu_fiber_main, 0);
+                }
+                blockIdx = dim3(bx, by, bz);
+                emu_cur_block = &blk;
+                for (int left = n; left > 0;) {
+                    bool ran = false;
+                    for (int t = 0; t < n; ++t) {
+                        emu_fiber & f = fibers[t];
+                        if (f.done || (f.waiting && f.waiting->gen == f.wait_gen)) {
+                            continue;
+                        }
+                        f.waiting     = nullptr;
                         threadIdx     = dim3(t % block.x, (t / block.x) % block.y, t / (block.x*block.y));
-                        blockIdx      = dim3(bx, by, bz);
-                        emu_cur_block = &blk;
                         emu_cur_warp  = &blk.warps[t / 32];
                         emu_lane      = t % 32;
-                        kernel();
-                    });
-                }
-                for (auto & th : threads) {
-                    th.join();
+                        emu_cur_fiber = &f;
+                        swapcontext(&emu_scheduler, &f.ctx);
+                        ran = true;
+                        left -= f.done;
+                    }
+                    if (!ran) {
+                        fprintf(stderr, "emulation: every thread of the block waits at a barrier that not all reach\n");
+                        exit(3);
+                    }
                 }
             }
         }
