@@ -7,10 +7,11 @@
 //
 //     g++ -O2 -std=c++17 -I build/upstream/llama.cpp/ggml/include bench/fa_decode_node.cpp \
 //         -L build/bin -lggml-base -lggml-cpu -lggml -Wl,-rpath,$PWD/build/bin -pthread -o /tmp/fa_decode_node
-//     /tmp/fa_decode_node TYPE_K TYPE_V D H HKV N THREADS [ITERS [NQ]]
+//     /tmp/fa_decode_node TYPE_K TYPE_V D H HKV N THREADS [ITERS [NQ [OUT]]]
 //
 // Two libggml-cpu builds compare by LD_LIBRARY_PATH (the rpath is a RUNPATH). It prints a checksum
-// of the output and writes it to $FA_OUT when set, so that two builds' results can be diffed.
+// of the output and writes the output's floats to OUT when given, so that two builds' results
+// can be diffed.
 // Results: bench/results/cpu-decode.md.
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -72,7 +73,7 @@ static double read_bandwidth(int nth) {
 
 int main(int argc, char ** argv) {
     if (argc < 8) {
-        fprintf(stderr, "usage: %s TYPE_K TYPE_V D H HKV N THREADS [ITERS [NQ]]\n", argv[0]);
+        fprintf(stderr, "usage: %s TYPE_K TYPE_V D H HKV N THREADS [ITERS [NQ [OUT]]]\n", argv[0]);
         return 2;
     }
     const ggml_type tk = type_of(argv[1]), tv = type_of(argv[2]);
@@ -114,8 +115,12 @@ int main(int argc, char ** argv) {
     const float * o = (const float *) out->data;
     double cs = 0;
     for (int64_t i = 0; i < ggml_nelements(out); ++i) cs += o[i];
-    if (const char * path = getenv("FA_OUT")) {
-        FILE * f = fopen(path, "wb");
+    if (argc > 10) {
+        FILE * f = fopen(argv[10], "wb");
+        if (!f) {
+            fprintf(stderr, "cannot write %s\n", argv[10]);
+            return 1;
+        }
         fwrite(o, sizeof(float), ggml_nelements(out), f);
         fclose(f);
     }

@@ -45,12 +45,15 @@ def _generate(build_info, flags: list[str]) -> list[dict]:
 def test_a_draft_model_leaves_greedy_text_unchanged(build_info, cache):
     plain = _generate(build_info, cache)
     # the bundled model drafts for itself, from a turboq2 cache: close enough to be accepted
-    # often, coarse enough to be rejected sometimes
-    drafted = _generate(build_info, cache + ["--draft-model", str(data.default_model()), "--draft-max", "4",
+    # often, coarse enough to be rejected sometimes; drafts of up to 8 tokens, so that some go
+    # wrong beside the recommended configuration's exact window too (with 4, after patch 39's
+    # change of the decode's sums, every drafted token of the four prompts was accepted)
+    drafted = _generate(build_info, cache + ["--draft-model", str(data.default_model()), "--draft-max", "8",
                                              "-ctkd", "turboq2", "-ctvd", "turboq2"])
     for prompt, a, b in zip(PROMPTS, plain, drafted):
         assert a["choices"][0]["text"] == b["choices"][0]["text"], prompt
         assert "draft_n" not in a["timings"]
         assert b["timings"]["draft_n"] > 0 and 0 < b["timings"]["draft_n_accepted"] <= b["timings"]["draft_n"]
+    print("drafted, accepted:", [(b["timings"]["draft_n"], b["timings"]["draft_n_accepted"]) for b in drafted])
     assert sum(b["timings"]["draft_n_accepted"] for b in drafted) < sum(b["timings"]["draft_n"] for b in drafted), \
         "no draft token was rejected: the rollback went untested"
