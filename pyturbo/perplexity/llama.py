@@ -37,7 +37,7 @@ def sliding_window_perplexity(model: str | Path, text: str, cache_type_k: str = 
         llm.reset()
         llm._ctx.kv_cache_seq_rm(-1, 0, -1)
         targets = np.asarray(window[first:])
-        lp = []
+        lp, done = [], 0
         for i in range(0, len(window), n_batch):
             chunk = window[i:i + n_batch]
             llm._batch.set_batch(batch=chunk, n_past=i, logits_all=False)
@@ -46,9 +46,9 @@ def sliding_window_perplexity(model: str | Path, text: str, cache_type_k: str = 
                 llm._batch.batch.logits[j] = w
             llm._ctx.decode(llm._batch)
             if n := sum(wanted):
-                done = sum(len(x) for x in lp)
                 logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n, n_vocab))
                 lp.append(log_softmax_at(logits, targets[done:done + n]))
+                done += n
         return -float(np.concatenate(lp).sum()), len(window) - first
 
     label = f"{cache_type_k}/{cache_type_v}" + (f" LA{layer_adaptive}" if layer_adaptive else "")
