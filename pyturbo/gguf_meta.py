@@ -18,7 +18,21 @@ class GGUFError(ValueError):
 
 def read_metadata(path: str | Path) -> dict[str, object]:
     """key -> value for scalar and string keys; array keys map to None (present, not decoded)."""
+    return _read(path, None)[0]
+
+
+def longest_token_bytes(path: str | Path) -> int | None:
+    """The longest entry of the vocabulary (tokenizer.ggml.tokens) in UTF-8 bytes, None without
+    one. No token stands for more bytes of text than its entry has: SentencePiece's "\u2581" and
+    "<0x0A>" and byte-level BPE's one character per byte are at least as long as what they decode
+    to. So a text of n bytes is at least n / this many tokens, known without tokenizing it."""
+    return _read(path, "tokenizer.ggml.tokens")[1]
+
+
+def _read(path: str | Path, measure: str | None) -> tuple[dict[str, object], int | None]:
+    """read_metadata's values, and the longest string of the string array `measure`."""
     out: dict[str, object] = {}
+    longest: int | None = None
     with open(path, "rb") as f:
         def take(fmt: str):
             n = struct.calcsize(fmt)
@@ -68,7 +82,17 @@ def read_metadata(path: str | Path) -> dict[str, object]:
                 out[key] = string()
             elif vtype in _SCALARS:
                 out[key] = take(_SCALARS[vtype])
+            elif key == measure and vtype == _ARRAY:
+                etype, count = take("<I"), take("<Q")
+                if etype != _STRING or count > size - f.tell():
+                    raise GGUFError(f"{path}: {key} is not an array of strings that fits the file")
+                longest = 0
+                for _ in range(count):
+                    n = take("<Q")
+                    longest = max(longest, n)
+                    f.seek(n, 1)
+                out[key] = None
             else:
                 skip(vtype)
                 out[key] = None
-    return out
+    return out, longest

@@ -141,7 +141,7 @@ def test_the_decode_node_bench_builds_and_prints_its_bound(build_info, tmp_path)
     src = Path(__file__).resolve().parents[1] / "bench" / "fa_decode_node.cpp"
     lib = _paths.lib_dir()
     exe = tmp_path / "fa_decode_node"
-    subprocess.run([cxx, "-O2", "-std=c++17", f"-I{Path(build_info['upstream_src']) / 'ggml' / 'include'}", str(src),
+    subprocess.run([cxx, "-O2", "-march=native", "-std=c++17", f"-I{Path(build_info['upstream_src']) / 'ggml' / 'include'}", str(src),
                     f"-L{lib}", "-lggml-base", "-lggml-cpu", "-lggml", f"-Wl,-rpath,{lib}", "-pthread", "-o", str(exe)],
                    check=True)
     out = tmp_path / "out.f32"

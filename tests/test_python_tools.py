@@ -500,3 +500,50 @@ def test_patch_series_tells_two_stories():
     assert all(names[n_generic:]), [p for p, t in zip(series[n_generic:], names[n_generic:]) if not t]
     section = readme.split("## The series", 1)[1].split("\n## ", 1)[0]
     assert [int(i) for i in re.findall(r"^(\d+)\. ", section, re.MULTILINE)] == list(range(1, len(series) + 1))
+
+
+@pytest.mark.parametrize("model", ["gemma3-270m", "smollm2-135m"])
+def test_no_token_stands_for_more_bytes_than_its_vocabulary_entry(build_info, model):
+    """gguf_meta.longest_token_bytes bounds the bytes one token covers, so the python server may
+    refuse a prompt of n bytes as at least n / bound tokens without tokenizing it. Checked on
+    text, whitespace runs, digits and multibyte characters, on a SentencePiece vocabulary
+    (Gemma 3) and a byte-level BPE one (SmolLM2)."""
+    from pyturbo.gguf_meta import longest_token_bytes
+    from pyturbo.llama import Llama
+    path = data.model_path(model)
+    bound = longest_token_bytes(path)
+    assert bound and bound > 4
+    tok = Llama(str(path), vocab_only=True, verbose=False)
+    try:
+        texts = [data.corpus().read_text(encoding="utf-8")[:20000], " " * 5000, "\n" * 3000, "0123456789" * 500,
+                 "é漢字🙂" * 800, "x " * 5000, "<start_of_turn>user\n" * 200]
+        for text in texts:
+            n = len(tok.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+            assert n * bound >= len(text.encode("utf-8")), (text[:20], n, bound)
+    finally:
+        tok.close()
+
+
+def test_bench_speed_prints_each_decode_figure_beside_its_bandwidth_bound(build_info, capsys):
+    """bench speed's bound (issue 62): the bytes a token reads are the model file and the cache up
+    to the depth, over the read probe's GB/s; checked against kv_bytes and the file size."""
+    from pyturbo.bench.bandwidth import read_gbps, token_bytes
+    from pyturbo.bench.cpu import parse_config, print_bounds
+    model = data.model_path("smollm2-135m")
+    size = model.stat().st_size
+    assert token_bytes(model, "f16", "f16", {}, 8208) == size + kv_bytes(model, 8208)
+    _, k, v, env = parse_config("turboq3:4:win32:sink1")
+    assert token_bytes(model, k, v, env, 8208) == size + kv_bytes(model, 8208, "turboq3", "turboq3", 4,
+                                                                exact_window=32, exact_sink=1)
+    assert token_bytes(model, "turboq3", "turboq3", {}, 8208) < token_bytes(model, "q4_0", "q4_0", {}, 8208) \
+        < token_bytes(model, "f16", "f16", {}, 8208)
+    with pytest.raises(ValueError):
+        read_gbps(0)
+    assert read_gbps(1, mib=64, reps=1) > 0.1
+    med = {"f16": {"pp512": 300.0, "tg64": 50.0, "tg32@d8192": 4.0}, "turboq3": {"pp512": 290.0, "tg64": 49.0, "tg32@d8192": 9.0}}
+    print_bounds(model, ["f16", "turboq3"], med, 10.0, 1)
+    out = capsys.readouterr().out
+    bound = 10e9 / token_bytes(model, "turboq3", "turboq3", {}, 8192 + 16)
+    row = next(line for line in out.splitlines() if line.startswith("| turboq3 |"))
+    assert f"| 9.00 | {bound:.1f} | {100 * 9 / bound:.0f}% |" in row, out
+    assert "pp512" not in out

@@ -102,6 +102,26 @@ def test_malformed_chat_gets_4xx(srv, what):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_prompt_too_long_to_fit_is_refused_before_it_is_tokenized(srv, path):
+    """The python engine refuses a prompt whose bytes over the vocabulary's longest token already
+    exceed the context, without tokenizing it (20 MB took llama-cpp-python 20-35 s); a prompt
+    with more bytes than the context has tokens, which fits, is still answered."""
+    engine, port, _ = srv
+    text = "x " * 1_000_000
+    body = {"prompt": text} if path == "/v1/completions" else {"messages": [{"role": "user", "content": text}]}
+    status, raw = request(port, path, json.dumps({**body, "max_tokens": 1}).encode())
+    assert_client_error(status, raw, "a 2 MB prompt")
+    if engine == "python":
+        error = json.loads(raw)["error"]
+        assert error["code"] == "context_length_exceeded" and "at least" in error["message"], raw[:300]
+    fits = "hello " * (N_CTX // 4)  # 3x N_CTX bytes, about N_CTX / 4 tokens
+    body = {"prompt": fits} if path == "/v1/completions" else {"messages": [{"role": "user", "content": fits}]}
+    status, raw = request(port, path, json.dumps({**body, "max_tokens": 1, "temperature": 0}).encode())
+    assert status == 200, raw[:300]
+
+
+@pytest.mark.slow
 def test_still_serving_after_malformed_requests(srv):
     counting_answer_is_right(srv[1])
 

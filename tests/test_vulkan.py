@@ -390,3 +390,56 @@ def test_turboq_perplexity_vulkan_matches_cpu(build_info, vk_bin, tmp_path, monk
     assert abs(vk.ppl / cpu.ppl - 1) < PPL_REL_TOL
     assert vk.kld is not None and vk.kld < KLD_TOL
     assert cpu_vs_f16.kld > 10 * KLD_TOL
+
+
+def test_the_glslc_cache_gives_glslcs_bytes_and_misses_when_an_include_changes(tmp_path):
+    """scripts/glslc_cached.sh, which the Vulkan build compiles its shaders with: a hit writes the
+    .spv and the dependency file that glslc writes (the latter with this build's paths), and a
+    changed #include file is a miss, not a stale shader."""
+    import shutil
+    glslc = shutil.which("glslc")
+    if glslc is None:
+        if REQUIRED:
+            pytest.fail("no glslc on PATH (scripts/setup_vulkan_deps.sh installs it)")
+        pytest.skip("no glslc on PATH")
+    wrapper = Path(__file__).resolve().parent.parent / "scripts" / "glslc_cached.sh"
+    env = {**os.environ, "PYTURBO_CACHE": str(tmp_path / "cache")}
+
+    def write_sources(d: Path, value: str) -> Path:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "inc.glsl").write_text(f"const float VALUE = {value};\n")
+        (d / "a.comp").write_text("#version 450\n#extension GL_GOOGLE_include_directive : require\n"
+                                  '#include "inc.glsl"\nlayout(local_size_x = 1) in;\n'
+                                  "layout(binding = 0) buffer B { float x[]; };\n"
+                                  "void main() { x[0] = VALUE * float(N); }\n")
+        return d / "a.comp"
+
+    def compile_with(exe: str, src: Path, out: Path) -> tuple[bytes, str]:
+        args = [exe, "-fshader-stage=compute", "--target-env=vulkan1.2", str(src), "-o", str(out), "-O",
+                "-MD", "-MF", str(out) + ".d", "-DN=3"]
+        subprocess.run(args, env=env, check=True, capture_output=True)
+        return out.read_bytes(), Path(str(out) + ".d").read_text().strip()
+
+    src = write_sources(tmp_path / "one", "2.0")
+    want = compile_with(glslc, src, tmp_path / "real.spv")
+    assert compile_with(str(wrapper), src, tmp_path / "miss.spv") == (want[0], want[1].replace("real.spv", "miss.spv"))
+    entries = list((tmp_path / "cache" / "glslc").glob("*/*.spv"))
+    assert len(entries) == 1
+    # a hit: the cached bytes come back (marked here to tell them from a compile)
+    entries[0].write_bytes(want[0] + b"HIT")
+    assert compile_with(str(wrapper), src, tmp_path / "hit.spv")[0] == want[0] + b"HIT"
+    entries[0].write_bytes(want[0])
+    # the same sources at another path: a hit whose dependency file names this path
+    other = write_sources(tmp_path / "two", "2.0")
+    want_other = compile_with(glslc, other, tmp_path / "real2.spv")
+    got = compile_with(str(wrapper), other, tmp_path / "hit2.spv")
+    assert got == (want_other[0], want_other[1].replace("real2.spv", "hit2.spv"))
+    # an include that changes is a miss
+    changed = write_sources(tmp_path / "one", "5.0")
+    want_changed = compile_with(glslc, changed, tmp_path / "real3.spv")
+    assert want_changed[0] != want[0]
+    assert compile_with(str(wrapper), changed, tmp_path / "miss3.spv")[0] == want_changed[0]
+    # the configure step's feature tests write to stdout: passed through
+    r = subprocess.run([str(wrapper), "-o", "-", "-fshader-stage=compute", "-DN=1", str(changed)], env=env,
+                       capture_output=True, check=True)
+    assert r.stdout[:4] == b"\x03\x02\x23\x07"  # SPIR-V's magic, little-endian

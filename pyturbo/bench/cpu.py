@@ -4,8 +4,10 @@
                         [--types f16 q4_0 turboq3/turboq4:3 ...]
                                                           # PPL, KLD vs f16 (mean, median, p99.9), same top
                                                           # token, KV MiB (default: Gemma 3 270M, botchan, c=512)
-  pyturbo bench speed [--threads 1] [--reps 2] # llama-bench pp512, pp2048, tg64; pp512/tg32 at depth 4096;
-                                                          # tg32 at depth 16384: ratios to f16
+  pyturbo bench speed [--model M] [--threads 1] [--reps 2] [--depth 16384]
+                                                          # llama-bench pp512, pp2048, tg64; pp512/tg32 at depth 4096;
+                                                          # tg32 at --depth: ratios to f16, and each decode
+                                                          # figure beside its read-bandwidth bound (bench.bandwidth)
 
 Speed runs interleave the cache types type by type, `--rounds` times, and report the median of
 each, so that drift of a shared machine hits every type alike.
@@ -31,7 +33,7 @@ QUALITY_TYPES = ["f16", "q8_0", "q4_0", "turboq8", "turboq4", "turboq3", "turboq
 SPEED_TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3", "q8_0/turboq3", "turboq3:onerow", "q8_0/turboq3:onerow"]
 # one llama-bench process per depth, so that each depth is filled once per type (llama-bench keeps
 # the filled state for the reps of one depth)
-SPEED_RUNS = [["-p", "512,2048", "-n", "64"], ["-p", "512", "-n", "32", "-d", "4096"], ["-p", "0", "-n", "32", "-d", "16384"]]
+SPEED_RUNS = [["-p", "512,2048", "-n", "64"], ["-p", "512", "-n", "32", "-d", "4096"], ["-p", "0", "-n", "32", "-d", "{depth}"]]
 
 
 OPTIONS = {"uncentered": {"LLAMA_ARG_KV_K_CENTER": "off"},  # K centering (and its channel scale) off
@@ -218,12 +220,18 @@ def bench_rows(csv_text: str) -> dict[str, float]:
 def speed(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
-    model = data.default_model()
+    from .bandwidth import read_gbps
+
+    model = data.model_path(args.model)
     args.types = quality_types(args.types)  # the ratios are to f16
+    for t in args.types:
+        parse_config(t)  # a clear error before any tool runs
+    gbps = read_gbps(args.threads)  # before the runs, on the same idle machine
+    runs = [[a.format(depth=args.depth) for a in cfg] for cfg in SPEED_RUNS]
     samples: dict[str, dict[str, list[float]]] = {t: {} for t in args.types}
-    bar = tqdm(total=args.rounds * len(SPEED_RUNS) * len(args.types), desc="bench speed", unit="run")
+    bar = tqdm(total=args.rounds * len(runs) * len(args.types), desc="bench speed", unit="run")
     for rnd in range(args.rounds):
-        for cfg in SPEED_RUNS:
+        for cfg in runs:
             for t in args.types:
                 bar.set_postfix_str(f"round {rnd} {t}")
                 results = bench_once(model, t, args.threads, args.reps, cfg)
@@ -234,7 +242,7 @@ def speed(args: argparse.Namespace) -> None:
     bar.close()
     keys = list(samples[args.types[0]])
     med = {t: {k: statistics.median(v) for k, v in s.items()} for t, s in samples.items()}
-    print(f"\nGemma 3 270M, llama-bench -fa 1 -t {args.threads} -r {args.reps}, median of {args.rounds} interleaved rounds;"
+    print(f"\n{model.name}, llama-bench -fa 1 -t {args.threads} -r {args.reps}, median of {args.rounds} interleaved rounds;"
           " ':onerow' = TURBOQ_FA_TILED=0 (the one-row flash attention of before)\n")
     for title, fmt in (("t/s", lambda t, k: f"{med[t][k]:.2f}"), ("vs f16", lambda t, k: f"{med[t][k] / med['f16'][k]:.3f}")):
         print("| K/V | " + " | ".join(f"{k} {title}" for k in keys) + " |")
@@ -242,6 +250,7 @@ def speed(args: argparse.Namespace) -> None:
         for t in args.types:
             print(f"| {t} | " + " | ".join(fmt(t, k) for k in keys) + " |")
         print()
+    print_bounds(model, args.types, med, gbps, args.threads)
     for t in args.types:
         base = f"{t}:onerow"
         if base in med:
@@ -250,6 +259,30 @@ def speed(args: argparse.Namespace) -> None:
         for t in args.types:
             if t.startswith("turboq") and "/" not in t and ":" not in t:
                 print(f"{t} vs q4_0: " + ", ".join(f"{k} {med[t][k] / med['q4_0'][k]:.3f}" for k in keys))
+
+
+def print_bounds(model: Path, types: list[str], med: dict[str, dict[str, float]], gbps: float, threads: int) -> None:
+    """Each decode figure (tgN, tgN@dD) beside its bound: the bytes a token reads at that depth
+    (bench.bandwidth.token_bytes, at the run's middle token) over the read bandwidth measured with
+    as many threads."""
+    from .bandwidth import token_bytes
+
+    keys = [k for k in med[types[0]] if k.startswith("tg")]
+    if not keys:
+        return
+    print(f"Decode against its read-bandwidth bound: {gbps:.1f} GB/s read by {threads} thread(s) (a 512 MiB buffer, "
+          "best of 3); bound = that over the bytes a token reads (the model file once, K and V up to the depth)\n")
+    print("| K/V | " + " | ".join(f"{k} t/s | bound | % of bound" for k in keys) + " |")
+    print("|---|" + "---|---|---|" * len(keys))
+    for t in types:
+        _, k, v, env = parse_config(t)
+        cells = []
+        for key in keys:
+            n, _, d = key[2:].partition("@d")
+            bound = gbps * 1e9 / token_bytes(model, k, v, env, int(d or 0) + int(n) // 2)
+            cells.append(f"{med[t][key]:.2f} | {bound:.1f} | {100 * med[t][key] / bound:.0f}%")
+        print(f"| {t} | " + " | ".join(cells) + " |")
+    print()
 
 
 def add_parsers(sub) -> None:
@@ -267,7 +300,10 @@ def add_parsers(sub) -> None:
     q.add_argument("--types", nargs="+", default=QUALITY_TYPES,
                    help="'t', 'k/v', plus ':N' (LLAMA_ARG_LAYER_ADAPTIVE), ':uncentered', ':unscaled', ':onerow', ':winW' or ':winWmM' (margin M), ':tailW' or ':sinkS'")
     q.set_defaults(func=quality)
-    s = sub.add_parser("speed", help="llama-bench prompt and generation speed vs f16, interleaved rounds")
+    s = sub.add_parser("speed", help="llama-bench prompt and generation speed vs f16, interleaved rounds, and "
+                                     "decode beside its read-bandwidth bound")
+    s.add_argument("--model", help="a GGUF path or gemma3-270m / smollm2-135m (default: Gemma 3 270M)")
+    s.add_argument("--depth", type=int, default=16384, help="the depth of the last run, tg32 only (default 16384)")
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--reps", type=int, default=2)
     s.add_argument("--rounds", type=int, default=2)

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pyturbo.llama as pl  # sets LLAMA_CPP_LIB_PATH before llama_cpp loads
-from pyturbo import exact_window, k_centering, layer_adaptive
+from pyturbo import exact_window, gguf_meta, k_centering, layer_adaptive
 from pyturbo.types import requested_cache_type
 
 import uvicorn
@@ -92,6 +92,27 @@ def _client_error(status: int, message: str, code: str | None = None) -> JSONRes
         "message": message, "type": "invalid_request_error", "param": None, "code": code}})
 
 
+def _prompt_texts(path: str, payload: dict) -> tuple[list[str], int]:
+    """The request's prompt texts, and the length of its longest prompt given as token ids."""
+    if path == "/v1/completions":
+        prompt = payload.get("prompt")
+        items = prompt if isinstance(prompt, list) else [prompt]
+        texts = [p for p in items if isinstance(p, str)]
+        ids = max((len(p) for p in items if isinstance(p, list)), default=0)
+        if items and all(isinstance(p, int) for p in items):
+            texts, ids = [], len(items)
+        return texts, ids
+    messages = payload.get("messages")
+    if not isinstance(messages, list):
+        return [], 0  # refused as it is elsewhere
+    texts = []  # chat: every message's text goes into one prompt
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        parts = content if isinstance(content, list) else [content]
+        texts += [p if isinstance(p, str) else p.get("text") for p in parts if isinstance(p, (str, dict))]
+    return ["".join(t for t in texts if isinstance(t, str))], 0
+
+
 def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", layer_adaptive: int = 0,
               n_ctx: int = 4096, n_threads: int | None = None, alias: str | None = None,
               host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
@@ -115,6 +136,26 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
         # llama-cpp-python's default cuts a running stream short whenever another request arrives
         interrupt_requests=False), model_settings=[ms])
     known = {ms.model_alias, ms.model, Path(ms.model).name, ""}
+    longest_token: list[int] = []  # read once, at the first prompt longer than n_ctx bytes
+
+    def too_long(path: str, payload: dict) -> JSONResponse | None:
+        """A prompt that cannot fit the context, refused before it is tokenized: tokenizing 20 MB
+        took llama-cpp-python 20-35 s of the one thread that serves every request."""
+        texts, ids = _prompt_texts(path, payload)
+        size = max((len(t.encode("utf-8")) for t in texts), default=0)
+        tokens = ids
+        if size >= n_ctx:
+            if not longest_token:
+                longest_token.append(gguf_meta.longest_token_bytes(model) or 0)
+            if longest_token[0] > 0:
+                tokens = max(tokens, -(-size // longest_token[0]))
+        if tokens < n_ctx:
+            return None
+        what = "your prompt is" if path == "/v1/completions" else "your messages are"
+        why = f" ({size} bytes; no token of this model is longer than {longest_token[0]})" if tokens > ids else ""
+        return _client_error(400, f"This model's maximum context length is {n_ctx} tokens, however {what} at least "
+                                  f"{tokens} tokens long{why}. Please reduce the length of the prompt.",
+                             "context_length_exceeded")
 
     @app.get("/health")
     def health() -> dict:
@@ -146,6 +187,10 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
             if isinstance(requested, str) and requested not in known:
                 return _client_error(404, f"model '{requested}' not found; this server has: {ms.model_alias}",
                                      "model_not_found")
+            if isinstance(payload, dict) and request.url.path in ("/v1/completions", "/v1/chat/completions"):
+                refused = too_long(request.url.path, payload)
+                if refused is not None:
+                    return refused
         return await call_next(request)
 
     return app
