@@ -265,13 +265,13 @@ def print_bounds(model: Path, types: list[str], med: dict[str, dict[str, float]]
     """Each decode figure (tgN, tgN@dD) beside its bound: the bytes a token reads at that depth
     (bench.bandwidth.token_bytes, at the run's middle token) over the read bandwidth measured with
     as many threads."""
-    from .bandwidth import token_bytes
+    from .bandwidth import PROBE_MIB, token_bytes
 
     keys = [k for k in med[types[0]] if k.startswith("tg")]
     if not keys:
         return
-    print(f"Decode against its read-bandwidth bound: {gbps:.1f} GB/s read by {threads} thread(s) (a 512 MiB buffer, "
-          "best of 3); bound = that over the bytes a token reads (the model file once, K and V up to the depth)\n")
+    print(f"Decode against its read-bandwidth bound: {gbps:.1f} GB/s read by {threads} thread(s) ({PROBE_MIB} MiB "
+          "in 4 KiB pages, best of 3); bound = that over the bytes a token reads (the model file once, K and V up to the depth)\n")
     print("| K/V | " + " | ".join(f"{k} t/s | bound | % of bound" for k in keys) + " |")
     print("|---|" + "---|---|---|" * len(keys))
     for t in types:
