@@ -27,7 +27,8 @@ class CPlan(C.Structure):
     """struct ggml_cplan (ggml-cpu.h)"""
     _fields_ = [("work_size", C.c_size_t), ("work_data", C.c_void_p), ("n_threads", C.c_int),
                 ("threadpool", C.c_void_p), ("abort_callback", C.c_void_p),
-                ("abort_callback_data", C.c_void_p), ("use_ref", C.c_bool)]
+                ("abort_callback_data", C.c_void_p), ("use_ref", C.c_bool),
+                ("fit", C.c_void_p)]  # struct ggml_threads_fit *: NULL, the threads asked for
 
 
 TO_FLOAT = C.CFUNCTYPE(None, C.c_void_p, C.c_void_p, C.c_int64)

@@ -144,6 +144,30 @@ def test_layer_mode_and_batch_size_do_not_change_the_mean(Llama):
     assert len(moded) == 16 and all(m in base for m in moded)
 
 
+@pytest.mark.parametrize("k,v,window", [("f16", "f16", 0), ("turboq3", "turboq3", 0), ("turboq3", "turboq4", 32)])
+def test_decode_gives_the_same_logits_on_any_number_of_threads(Llama, tiny128, k, v, window):
+    """The CPU backend runs a graph on fewer threads than asked while the machine does not give
+    them cores (patch 3), so no step may depend on the thread count. Both flash-attention decode
+    paths split the KV range by it: f16's into one chunk per thread (from 512 cached rows; patch
+    2), turboq's into items that divided among the threads (patch 40). 700 cached rows, then
+    three decode steps, on 1, 2 and 3 threads: the same bits."""
+    prompt = [1 + (i * 37) % 250 for i in range(700)]
+    seen = []
+    for n_threads in (1, 2, 3):
+        llm = Llama(str(tiny128), n_ctx=1024, n_batch=512, n_threads=n_threads, n_threads_batch=n_threads,
+                    cache_type_k=k, cache_type_v=v, kv_exact_window=window or None, flash_attn=True,
+                    verbose=False, seed=1)
+        llm.eval(prompt)
+        steps = [last_logits(llm)]
+        for _ in range(3):
+            llm.eval([int(steps[-1].argmax())])
+            steps.append(last_logits(llm))
+        seen.append(np.stack(steps))
+        del llm
+    for n_threads, logits in zip((2, 3), seen[1:]):
+        np.testing.assert_array_equal(logits, seen[0], err_msg=f"{n_threads} threads against 1")
+
+
 @pytest.fixture(scope="module")
 def lc(build_info):
     from pyturbo.llama import llama_cpp  # points llama_cpp at the patched library first

@@ -366,7 +366,7 @@ def test_sink_rows_cross_ubatches(tiny128, short_text, ubatch):
     row lost after its ubatch, or read from a slot that another position overwrote, moves it
     (by more than 1e-4 below). Tolerance 2e-5: ubatches of 7 tokens (14 query rows of a GQA pair)
     take the decode steps' path, whose turboq scores sum in another order than the prefill's GEMM
-    (measured 5e-6 with patch 39's 16-row sums)."""
+    (measured 5e-6 with patch 40's 16-row sums)."""
     for extra in (sink(4), (*window(16), *sink(4))):
         one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=extra)
         split = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*extra, "-ub", ubatch))

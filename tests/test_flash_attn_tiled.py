@@ -114,6 +114,27 @@ def test_a_decode_steps_turboq_tile_with_per_head_masks_and_softcap(lib, type_k,
             assert err < bound, f"softcap {softcap}, {n_threads} threads: max abs err {err:.3g} > {bound:.3g}"
 
 
+@pytest.mark.parametrize("n_kv", [512, 700, 4100])
+def test_f16_decode_gives_the_same_floats_on_any_number_of_threads(lib, n_kv):
+    """Upstream's decode path for F16 K/V (one query row, 512 cached rows or more) split the KV
+    range into one chunk per thread, so 1, 2 and 3 threads gave different floats; its chunks now
+    follow the KV length alone (patch 2). Against float64 NumPy: its f16 accumulators reach about
+    1.5e-3 of the output scale here."""
+    rng = np.random.default_rng(n_kv)
+    q = rng.standard_normal((8, 1, 128)).astype(np.float32)
+    k = rng.standard_normal((2, n_kv, 128)).astype(np.float32)
+    v = rng.standard_normal((2, n_kv, 128)).astype(np.float32)
+    scale = 1 / np.sqrt(128)
+    mask = np.zeros((1, n_kv), np.float32)
+    mask[0, n_kv - 37:] = -np.inf  # a padded cache's tail
+    want = numpy_attention(q, decoded(k, "f16"), decoded(v, "f16"), scale, mask.astype(np.float16))
+    outs = [attention.flash_attn(q, k, v, "f16", "f16", scale=scale, n_threads=t, mask=mask) for t in (1, 2, 3)]
+    err = float(np.abs(outs[0] - want).max() / np.abs(want).max())
+    assert err < 5e-3, err
+    for t, out in zip((2, 3), outs[1:]):
+        np.testing.assert_array_equal(out, outs[0], err_msg=f"{t} threads against 1")
+
+
 def test_one_row_path_is_still_reachable(lib):
     # use_ref forces the one-row kernel: on q8_0 K it quantizes Q, so it must differ from the tiled
     # result by more than the tiled path's own error (this is what keeps the test above meaningful)

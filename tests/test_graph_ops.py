@@ -167,7 +167,7 @@ def test_cast_to_f16(lib, rng, type_name):
 @pytest.mark.parametrize("layout", ["rows", "permuted"])
 def test_concat_f32(lib, rng, dim, layout):
     """CONCAT of F32, which the exact window runs twice per layer and step: whole rows where both
-    sources' rows are contiguous (patch 14), value by value where one is a permuted view."""
+    sources' rows are contiguous (patch 15), value by value where one is a permuted view."""
     shape = [5, 4, 3, 2]  # ne0..ne3
     other = list(shape)
     other[dim] = 3

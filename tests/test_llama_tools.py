@@ -467,8 +467,8 @@ TOOL_ARGS = {
 @pytest.mark.parametrize("args,message", BAD_INPUT)
 def test_error_message_reaches_the_user_every_time(tiny128, tiny72, short_text, tool, args, message):
     """The log is written by a worker thread; an error exit used to lose its message about 1 run
-    in 10 with piped output (patch 4 drains the log at exit), and llama-bench dropped llama.cpp's
-    errors altogether (patch 6). Every tool we ship, 20 runs each, the message every time."""
+    in 10 with piped output (patch 5 drains the log at exit), and llama-bench dropped llama.cpp's
+    errors altogether (patch 7). Every tool we ship, 20 runs each, the message every time."""
     model = tiny72 if "--model-72" in args else tiny128
     args = tuple(a for a in args if a != "--model-72")
     if tool == "llama-bench":

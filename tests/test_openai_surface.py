@@ -108,7 +108,7 @@ def test_tools_come_back_as_tool_calls(client, tool_choice):
     # (a base model may go on after its call until max_tokens: finish_reason is then "length")
     assert calls, r.choices[0].message
     assert calls[0].type == "function" and calls[0].id
-    # the reply is the calls (patch 13; a named function is "required" over one tool, patch 9): text
+    # the reply is the calls (patch 14; a named function is "required" over one tool, patch 10): text
     # first could go on to max_tokens
     assert not r.choices[0].message.content, r.choices[0].message
     if isinstance(tool_choice, dict):

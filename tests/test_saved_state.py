@@ -226,7 +226,7 @@ def test_slot_restore_continues_bit_identically(tiny, tmp_path, k, v, la, gemma)
 
 @pytest.mark.slow
 def test_slot_files_are_refused_when_they_do_not_fit(build_info, tmp_path):
-    """Path traversal, truncation (patch 7), flipped bytes (patch 8's CRC-32) and another cache
+    """Path traversal, truncation (patch 8), flipped bytes (patch 9's CRC-32) and another cache
     type or layer mode: 400, and the server goes on serving."""
     a = SlotServer("turboq3", "turboq3", tmp_path)
     try:

@@ -46,7 +46,7 @@ def test_a_draft_model_leaves_greedy_text_unchanged(build_info, cache):
     plain = _generate(build_info, cache)
     # the bundled model drafts for itself, from a turboq2 cache: close enough to be accepted
     # often, coarse enough to be rejected sometimes; drafts of up to 8 tokens, so that some go
-    # wrong beside the recommended configuration's exact window too (with 4, after patch 39's
+    # wrong beside the recommended configuration's exact window too (with 4, after patch 40's
     # change of the decode's sums, every drafted token of the four prompts was accepted)
     drafted = _generate(build_info, cache + ["--draft-model", str(data.default_model()), "--draft-max", "8",
                                              "-ctkd", "turboq2", "-ctvd", "turboq2"])

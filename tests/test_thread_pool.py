@@ -1,7 +1,9 @@
-"""ggml-cpu's barrier between ops (patch 2): a thread that waits long at it sleeps instead of
-spinning, so that a parked thread of the pool costs its own share of a shared machine and no more.
+"""ggml-cpu's thread pool under CPU contention (patch 3): a thread that waits long at the barrier
+between ops sleeps instead of spinning, and the CPU backend runs its graphs on fewer threads while
+a thread of the pool waits for its core, so that a parked thread costs its own share of a shared
+machine and no more.
 
-The graph is a chain of custom ops in which thread 1 sleeps for 30 ms at every op while thread 0
+The first test's graph is a chain of custom ops in which thread 1 sleeps for 30 ms at every op while thread 0
 has nothing to do: thread 0 waits at each op's barrier. Its own CPU time from one op to the next
 (time.thread_time() in the op) is what that wait burns: spinning, most of the 30 ms (libgomp's
 barrier spins for its spin count, about 3.6 ms per wait on the development machine, ggml's own
@@ -11,7 +13,12 @@ not count time spent waiting for a core, so this holds on a loaded machine.
 from __future__ import annotations
 
 import ctypes as C
+import os
+import subprocess
+import sys
 import time
+
+import pytest
 
 from pyturbo.ggml import InitParams, ggml
 
@@ -50,3 +57,72 @@ def test_a_waiting_thread_sleeps_at_the_barrier():
     t0 = [t for i, _, t in seen if i == 0]
     waits = [b - a for a, b in zip(t0, t0[1:])]  # thread 0's CPU from one op to the next
     assert max(waits) < MAX_WAIT_CPU_S, f"thread 0 spun at the barrier: {[round(w * 1e3, 2) for w in waits]} ms CPU per op"
+
+
+def test_a_backend_whose_thread_waits_for_its_core_runs_on_fewer_threads_and_tries_them_all_again():
+    """Thread 1 of a 2-thread CPU backend does each op's work on a core that a busy process also
+    runs on, so the scheduler parks it for time slices. Within a few graphs the backend runs them
+    on one thread; once a second (GGML_THREADS_FIT_PROBE_US) it runs one graph on both again, which
+    keeps both when neither waited for its core. Without the fit, every graph ran on 2 threads."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: nothing to share")
+    g = ggml()
+    b, cpu = g.base, g.cpu
+    vp = C.c_void_p
+    b.ggml_map_custom1.restype = vp
+    b.ggml_map_custom1.argtypes = [vp, vp, CUSTOM1, C.c_int, vp]
+    cpu.ggml_backend_cpu_init.restype = vp
+    cpu.ggml_backend_cpu_set_n_threads.argtypes = [vp, C.c_int]
+    b.ggml_backend_graph_compute.restype = C.c_int
+    b.ggml_backend_graph_compute.argtypes = [vp, vp]
+    b.ggml_backend_free.argtypes = [vp]
+    shared = cpus[-1]
+    state = {"contended": True}
+    seen: list[int] = []  # each graph's thread count, as its ops see it
+
+    def op(dst, a, ith, nth, userdata):
+        if ith == 0:
+            seen.append(nth)
+        if ith == 1 and state["contended"]:
+            mask = os.sched_getaffinity(0)  # this thread's own (pid 0)
+            os.sched_setaffinity(0, {shared})
+            try:
+                end = time.thread_time() + 0.004  # 4 ms of its own CPU time, on the shared core
+                while time.thread_time() < end:
+                    pass
+            finally:
+                os.sched_setaffinity(0, mask)
+
+    fn = CUSTOM1(op)
+    ctx = b.ggml_init(InitParams(16 << 20, None, False))
+    backend = cpu.ggml_backend_cpu_init()
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            preexec_fn=lambda: os.sched_setaffinity(0, {shared}))
+    try:
+        cpu.ggml_backend_cpu_set_n_threads(backend, 2)
+        x = b.ggml_new_tensor_4d(ctx, 0, 4, 1, 1, 1)  # GGML_TYPE_F32
+        for _ in range(N_OPS):
+            x = b.ggml_map_custom1(ctx, x, fn, -1, None)
+        gf = b.ggml_new_graph(ctx)
+        b.ggml_build_forward_expand(gf, x)
+
+        def graph() -> int:
+            n = len(seen)
+            assert b.ggml_backend_graph_compute(backend, gf) == 0
+            assert len(seen) == n + N_OPS
+            return seen[-1]
+
+        counts = [graph() for _ in range(6)]
+        assert counts[0] == 2, counts
+        assert 1 in counts, f"every graph ran on 2 threads while thread 1 waited for its core: {counts}"
+        assert counts[-1] == 1, counts
+        busy.kill()
+        state["contended"] = False
+        time.sleep(1.1)
+        assert graph() == 2, "no graph on every thread after a second"
+    finally:
+        busy.kill()
+        busy.wait()
+        b.ggml_backend_free(backend)
+        b.ggml_free(ctx)

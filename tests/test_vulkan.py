@@ -191,7 +191,7 @@ def test_the_16_value_twins_on_vulkan(vk_bin, op, n_cases):
 
 
 def test_copies_to_and_from_a_quantized_view_on_vulkan(vk_bin):
-    """An MLA K-shift's copies (patch 15): f32 to and from a view that starts blocks into each row
+    """An MLA K-shift's copies (patch 16): f32 to and from a view that starts blocks into each row
     of a q8_0, q4_0, turboq3 or _g64 tensor. The views one block in start where lavapipe's
     storage-buffer alignment does not divide, so the shader must add the misalignment offset."""
     assert backend_ops(vk_bin, "CPY", "ne_row=") == 26

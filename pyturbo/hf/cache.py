@@ -15,7 +15,7 @@ zeros change neither the group's norm nor its rotation and are dropped again on 
 What attention reads. As in llama.cpp, new K/V are encoded first and attention reads the decoded
 cache, the new tokens included, so a prompt already sees quantized K/V.
 
-K centering (as llama.cpp's patch 25 does, but with another mean). A layer with a turboq K type
+K centering (as llama.cpp's patch 26 does, but with another mean). A layer with a turboq K type
 stores k - mu, mu being the per-channel mean of the first `center_tokens` (512) tokens written
 into the empty layer, per batch row; an emptied layer takes a new mean. llama.cpp now centers on
 a mean calibrated once per model (llama-turboq-center.h), so that a request's answer never depends on

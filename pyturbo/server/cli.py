@@ -70,12 +70,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every endpoint but /health")
     ap.add_argument("--n-threads", type=int, default=None,
-                    help="threads for decode and prefill (default: llama-server's, every core). Measured on a 2-core "
-                         "machine (docs/server.md): every core decodes 1.8x faster than one when idle and, with "
-                         "ggml-cpu's sleeping barrier (patch 2), keeps about 0.4x its idle speed beside a busy process "
-                         "or a second server; 1 thread keeps its own speed there but gives up the idle 1.8x. The "
-                         "server's OpenMP threads wait passively between tokens (OMP_WAIT_POLICY=passive, unless the "
-                         "environment sets it), which keeps more of that 0.4x at no measurable idle cost")
+                    help="threads for decode and prefill (default: llama-server's, every core). While another process "
+                         "holds a core, ggml-cpu runs the graphs on the threads that have one and tries them all again "
+                         "once a second (patch 3); the answer does not change. Measured on a 2-core machine "
+                         "(docs/server.md): every core decodes 1.8x faster than one when idle and keeps about 0.5x of "
+                         "that beside a busy process or a second server, as one thread would. The server's OpenMP "
+                         "threads wait passively between tokens (OMP_WAIT_POLICY=passive, unless the environment sets it)")
     ap.add_argument("--alias", default=None, help="model name clients use (default: the file name)")
     ap.add_argument("--quiet", action="store_true", help="warnings and errors only")
     ap.add_argument("extra", nargs=argparse.REMAINDER,
