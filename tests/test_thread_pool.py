@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import ctypes as C
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
+from pyturbo.bench.contention import BusyCore
 from pyturbo.ggml import InitParams, ggml
 
 N_OPS = 8
@@ -29,11 +28,21 @@ MAX_WAIT_CPU_S = 0.001  # thread 0's CPU per op: its callback and the bounded wa
 CUSTOM1 = C.CFUNCTYPE(None, C.c_void_p, C.c_void_p, C.c_int, C.c_int, C.c_void_p)
 
 
+def chain(b, ctx, fn) -> int:  # the graph's address
+    """A graph of N_OPS custom ops in a row, each run by every thread; returns the graph."""
+    b.ggml_map_custom1.restype = C.c_void_p
+    b.ggml_map_custom1.argtypes = [C.c_void_p, C.c_void_p, CUSTOM1, C.c_int, C.c_void_p]
+    x = b.ggml_new_tensor_4d(ctx, 0, 4, 1, 1, 1)  # GGML_TYPE_F32
+    for _ in range(N_OPS):
+        x = b.ggml_map_custom1(ctx, x, fn, -1, None)  # GGML_N_TASKS_MAX: every thread
+    gf = b.ggml_new_graph(ctx)
+    b.ggml_build_forward_expand(gf, x)
+    return gf
+
+
 def test_a_waiting_thread_sleeps_at_the_barrier():
     g = ggml()
     b, cpu = g.base, g.cpu
-    b.ggml_map_custom1.restype = C.c_void_p
-    b.ggml_map_custom1.argtypes = [C.c_void_p, C.c_void_p, CUSTOM1, C.c_int, C.c_void_p]
     seen: list[tuple[int, int, float]] = []
 
     def op(dst, a, ith, nth, userdata):
@@ -44,11 +53,7 @@ def test_a_waiting_thread_sleeps_at_the_barrier():
     fn = CUSTOM1(op)
     ctx = b.ggml_init(InitParams(16 << 20, None, False))
     try:
-        x = b.ggml_new_tensor_4d(ctx, 0, 4, 1, 1, 1)  # GGML_TYPE_F32
-        for _ in range(N_OPS):
-            x = b.ggml_map_custom1(ctx, x, fn, -1, None)  # GGML_N_TASKS_MAX: every thread
-        gf = b.ggml_new_graph(ctx)
-        b.ggml_build_forward_expand(gf, x)
+        gf = chain(b, ctx, fn)
         assert cpu.ggml_graph_compute_with_ctx(ctx, gf, 2) == 0
     finally:
         b.ggml_free(ctx)
@@ -64,29 +69,25 @@ def test_a_backend_whose_thread_waits_for_its_core_runs_on_fewer_threads_and_tri
     runs on, so the scheduler parks it for time slices. Within a few graphs the backend runs them
     on one thread; once a second (GGML_THREADS_FIT_PROBE_US) it runs one graph on both again, which
     keeps both when neither waited for its core. Without the fit, every graph ran on 2 threads."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
+    if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU: nothing to share")
     g = ggml()
     b, cpu = g.base, g.cpu
     vp = C.c_void_p
-    b.ggml_map_custom1.restype = vp
-    b.ggml_map_custom1.argtypes = [vp, vp, CUSTOM1, C.c_int, vp]
     cpu.ggml_backend_cpu_init.restype = vp
     cpu.ggml_backend_cpu_set_n_threads.argtypes = [vp, C.c_int]
     b.ggml_backend_graph_compute.restype = C.c_int
     b.ggml_backend_graph_compute.argtypes = [vp, vp]
     b.ggml_backend_free.argtypes = [vp]
-    shared = cpus[-1]
-    state = {"contended": True}
+    shared: list[int] = []  # the busy core, while thread 1 works on it
     seen: list[int] = []  # each graph's thread count, as its ops see it
 
     def op(dst, a, ith, nth, userdata):
         if ith == 0:
             seen.append(nth)
-        if ith == 1 and state["contended"]:
+        if ith == 1 and shared:
             mask = os.sched_getaffinity(0)  # this thread's own (pid 0)
-            os.sched_setaffinity(0, {shared})
+            os.sched_setaffinity(0, set(shared))
             try:
                 end = time.thread_time() + 0.004  # 4 ms of its own CPU time, on the shared core
                 while time.thread_time() < end:
@@ -97,15 +98,9 @@ def test_a_backend_whose_thread_waits_for_its_core_runs_on_fewer_threads_and_tri
     fn = CUSTOM1(op)
     ctx = b.ggml_init(InitParams(16 << 20, None, False))
     backend = cpu.ggml_backend_cpu_init()
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                            preexec_fn=lambda: os.sched_setaffinity(0, {shared}))
     try:
         cpu.ggml_backend_cpu_set_n_threads(backend, 2)
-        x = b.ggml_new_tensor_4d(ctx, 0, 4, 1, 1, 1)  # GGML_TYPE_F32
-        for _ in range(N_OPS):
-            x = b.ggml_map_custom1(ctx, x, fn, -1, None)
-        gf = b.ggml_new_graph(ctx)
-        b.ggml_build_forward_expand(gf, x)
+        gf = chain(b, ctx, fn)
 
         def graph() -> int:
             n = len(seen)
@@ -113,16 +108,15 @@ def test_a_backend_whose_thread_waits_for_its_core_runs_on_fewer_threads_and_tri
             assert len(seen) == n + N_OPS
             return seen[-1]
 
-        counts = [graph() for _ in range(6)]
+        with BusyCore() as busy:
+            shared.append(busy.cpu)
+            counts = [graph() for _ in range(6)]
+        shared.clear()
         assert counts[0] == 2, counts
         assert 1 in counts, f"every graph ran on 2 threads while thread 1 waited for its core: {counts}"
         assert counts[-1] == 1, counts
-        busy.kill()
-        state["contended"] = False
         time.sleep(1.1)
         assert graph() == 2, "no graph on every thread after a second"
     finally:
-        busy.kill()
-        busy.wait()
         b.ggml_backend_free(backend)
         b.ggml_free(ctx)

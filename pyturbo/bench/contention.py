@@ -55,11 +55,11 @@ def _run(cmds: list[list[str]], timeout: float) -> list[dict[str, float] | None]
     return out
 
 
-class _Busy:
-    """A process that keeps one core busy (pinned to the last CPU this process may use)."""
+class BusyCore:
+    """A process that keeps one core busy: `cpu`, the last CPU this process may use, to which it is pinned."""
 
     def __enter__(self):
-        cpu = max(os.sched_getaffinity(0))
+        self.cpu = cpu = max(os.sched_getaffinity(0))
         self.p = subprocess.Popen([sys.executable, "-c", BUSY], preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
         time.sleep(0.5)
         return self
@@ -108,7 +108,7 @@ def contention(args: argparse.Namespace) -> None:
             for key, extra in (("pp128", pp), ("tg16", tg)):
                 (idle,) = _run([_bench_cmd(model, cache, threads, extra, args.poll)], args.timeout)
                 r[f"idle {key}"] = idle.get(key) if idle else None
-                with _Busy():
+                with BusyCore():
                     (busy,) = _run([_bench_cmd(model, cache, threads, extra, args.poll)], args.timeout)
                 r[f"busy {key}"] = busy.get(key) if busy else None
                 if key == "tg16":
