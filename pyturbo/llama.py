@@ -102,13 +102,15 @@ class Llama(llama_cpp.Llama):
     """llama_cpp.Llama with `cache_type_k`, `cache_type_v` (names), `layer_adaptive` (a mode's number or name),
     `kv_exact_window` (each sequence's last W positions read exact; pyturbo.exact_window),
     `kv_exact_window_margin` (positions kept beyond it for rollbacks; default 16), `kv_exact_sink`
-    (each sequence's first S positions read exact by every query) and `k_center`
-    (K centering of a turboq K cache; default on; pyturbo.k_centering)."""
+    (each sequence's first S positions read exact by every query), `k_center`
+    (K centering of a turboq K cache; default on) and `k_scale` (its channel scale: "auto", the
+    default, "on" or "off"; pyturbo.k_centering)."""
 
     def __init__(self, model_path: str, *args: Any, cache_type_k: str | CacheType | None = None,
                  cache_type_v: str | CacheType | None = None, layer_adaptive: int | str | None = None,
                  kv_exact_window: int | None = None, kv_exact_window_margin: int | None = None,
-                 kv_exact_sink: int | None = None, k_center: bool | None = None, **kwargs: Any) -> None:
+                 kv_exact_sink: int | None = None, k_center: bool | None = None, k_scale: str | None = None,
+                 **kwargs: Any) -> None:
         tk = requested_cache_type(cache_type_k) if cache_type_k is not None else None
         tv = requested_cache_type(cache_type_v) if cache_type_v is not None else None
         if tk is not None:
@@ -143,6 +145,8 @@ class Llama(llama_cpp.Llama):
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), _ew.sink_key(): _ew.check_sink(kv_exact_sink)}
         if k_center is not None:
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_kc.kv_override(k_center)}
+        if k_scale is not None:
+            kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_kc.scale_override(k_scale)}
         overrides = kwargs.get("kv_overrides") or {}
         self.kv_exact_window = kv_exact_window or int(overrides.get(_ew.key(), 0))
         self.kv_exact_sink = kv_exact_sink or int(overrides.get(_ew.sink_key(), 0))

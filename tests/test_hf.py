@@ -342,7 +342,7 @@ def test_smollm2_head_dim_64(smollm2_lm):
 #   quantization errors are two draws of the same noise. Over 5 rotation seeds on 8 chunks the
 #   transformers increase had a standard deviation of SEED_SD (docs/transformers.md); 4 chunks hold half the
 #   tokens, so about sqrt(2) times that. llama.cpp's draw spreads more: with centering alone
-#   (TURBOQ_K_BALANCE=0, the scheme both sides share) its turboq3 increase on Gemma's 4 chunks was
+#   (--kv-k-scale off, the scheme both sides share) its turboq3 increase on Gemma's 4 chunks was
 #   +34.2% with the shipped signs and +26.1% with seed 7's (scripts/build_seeded.sh) on an AVX-512
 #   FP16/AMX machine, where the shipped draw alone left the old bound (3 sigma of two transformers-like
 #   draws, 0.096); CPP_DRAW_SD is that pair's estimate, |a - b| / sqrt(2). The tolerance is 3 sigma
@@ -359,7 +359,7 @@ def cross_check_ppl():
     baseline serves every type of a model."""
     from pyturbo.tools import llama_perplexity
 
-    env = {"TURBOQ_K_BALANCE": "0"}  # the same scheme on both sides: the transformers cache centers K but has no channel scale
+    env = {"LLAMA_ARG_KV_K_SCALE": "off"}  # the same scheme on both sides: the transformers cache centers K but has no channel scale
     chunks = 4
     text = data.corpus_slice(12000)
     done: dict[tuple[str, str], tuple[float, float]] = {}

@@ -29,7 +29,7 @@ from pyturbo.tools import llama_perplexity
 
 # the calibration's one log line: read from the cache, or computed (why), then saved or not
 LINE = re.compile(r"^(?:\S+ (?P<level>[IWE]) )?llama_turboq_calibrate_k_means: K means calibrated for (?P<layers>\d+) layers, "
-                  r"channel scales for \d+(?:: read from (?P<read>\S+) in \d+ ms \(the model file's digest: \d+ ms\)"
+                  r"Q statistics \(the channel scale's\) for \d+(?:: read from (?P<read>\S+) in \d+ ms \(the model file's digest: \d+ ms\)"
                   r"|, in \d+ ms(?: \(the model file's digest: \d+ ms\))?: computed \((?P<why>.*)\)"
                   r"(?:; saved to (?P<saved>\S+)|; not saved: (?P<not_saved>.*))?)$",
                   re.MULTILINE)
@@ -166,8 +166,8 @@ DAMAGE = {
     "a flipped CRC": (lambda p: flip(p, p.stat().st_size - 1), "is corrupt or short (its CRC-32 does not match)"),
     "truncated": (lambda p: p.write_bytes(p.read_bytes()[:-100]), "is corrupt or short (its CRC-32 does not match)"),
     "empty": (lambda p: p.write_bytes(b""), "is not a calibration file"),
-    "another calibration version": (lambda p: rewrite_key(p, "calibration=1\n", "calibration=0\n"),
-                                    "is of another calibration (calibration: 0 there, 1 here)"),
+    "another calibration version": (lambda p: rewrite_key(p, "calibration=2\n", "calibration=1\n"),
+                                    "is of another calibration (calibration: 1 there, 2 here)"),
     "other rotation signs": (lambda p: rewrite_key(p, " shipped\n", " seed 7\n"),
                              "is of another calibration (signs: "),
     "another file layout": (lambda p: reformat(p, 2), "has format 2, this build reads 1"),
@@ -249,20 +249,18 @@ def test_the_directory_follows_pyturbos_cache_dir(tiny128, short_text, tmp_path,
 
 def test_what_the_key_holds_and_leaves_out(tiny128, short_text, tmp_path, cold):
     """The thread count is not in the key: -t 1 computes the same bytes as -t 2 and reads -t 2's file.
-    TURBOQ_K_BALANCE=0 (no channel scale) is: another file, with other statistics, read back in turn."""
+    Neither is the channel scale's setting (--kv-k-scale): the statistics hold what both choices
+    need, so on and off read the same file and give other floats, one of them auto's."""
     cache, path, content, base, r1 = cold
     r, c = run(tiny128, short_text, tmp_path / "t1", tmp_path / "t1.kld", threads=1)
     assert Path(c.saved).name == path.name and Path(c.saved).read_bytes() == content
     _, c = run(tiny128, short_text, cache, tmp_path / "t1b.kld", threads=1)
     assert c.read == str(path)
-    off = {"TURBOQ_K_BALANCE": "0"}
-    r_off, c_off = run(tiny128, short_text, cache, tmp_path / "off.kld", env=off)
-    assert c_off.why == "not in the cache" and c_off.saved != str(path), c_off
-    assert Path(c_off.saved).name.split("-")[0] == path.name.split("-")[0]  # the same model file
-    assert r_off.ppl != r1.ppl
-    r_off2, c = run(tiny128, short_text, cache, tmp_path / "off2.kld", env=off)
-    assert c.read == c_off.saved and r_off2.ppl == r_off.ppl
-    assert len(files(cache)) == 2 and path.read_bytes() == content
+    r_off, c_off = run(tiny128, short_text, cache, tmp_path / "off.kld", env={"LLAMA_ARG_KV_K_SCALE": "off"})
+    r_on, c_on = run(tiny128, short_text, cache, tmp_path / "on.kld", env={"LLAMA_ARG_KV_K_SCALE": "on"})
+    assert c_off.read == str(path) and c_on.read == str(path), (c_off, c_on)
+    assert r_off.ppl != r_on.ppl and r1.ppl in (r_off.ppl, r_on.ppl)
+    assert len(files(cache)) == 1 and path.read_bytes() == content
 
 
 def test_files_not_read_for_30_days_are_removed_when_one_is_written(tiny128, short_text, tmp_path, cold):
@@ -282,7 +280,8 @@ def test_files_not_read_for_30_days_are_removed_when_one_is_written(tiny128, sho
     _, c = run(tiny128, short_text, cache, tmp_path / "read.kld")
     assert c.read == str(path) and all(p.exists() for p in made.values())  # a read removes nothing
     assert path.stat().st_mtime > now - 3600  # and touches its file
-    _, c = run(tiny128, short_text, cache, tmp_path / "write.kld", env={"TURBOQ_K_BALANCE": "0"})
+    # a GGML_* variable is in the key (it may choose kernels): another file, so a write
+    _, c = run(tiny128, short_text, cache, tmp_path / "write.kld", env={"GGML_PYTURBO_TEST_KEY": "1"})
     assert c.saved and Path(c.saved).exists() and path.exists()
     gone = sorted(name for name, p in made.items() if not p.exists())
     assert gone == sorted(["0" * 16 + "-" + "1" * 16 + ".kcal", path.name + ".tmp-1-" + "3" * 16]), gone

@@ -26,8 +26,18 @@ def lc(build_info):
     return llama_cpp
 
 
-def load(lc, path):
-    m = lc.llama_model_load_from_file(str(path).encode(), lc.llama_model_default_params())
+def load(lc, path, k_scale: str | None = None):
+    """The model, with the channel scale's setting (turboq.k_scale) as a string kv override when given."""
+    import ctypes as C
+    mp = lc.llama_model_default_params()
+    if k_scale is not None:
+        from pyturbo.k_centering import scale_key
+        arr = (lc.llama_model_kv_override * 2)()
+        arr[0].key = scale_key().encode()
+        arr[0].tag = lc.LLAMA_KV_OVERRIDE_TYPE_STR
+        C.memmove(C.addressof(arr[0].value) + lc.llama_model_kv_override_value.val_str.offset, k_scale.encode().ljust(128, b"\0"), 128)
+        mp.kv_overrides = arr
+    m = lc.llama_model_load_from_file(str(path).encode(), mp)
     assert m
     return m
 
@@ -225,11 +235,11 @@ def test_the_mean_is_the_models_not_the_requests(lc, model):
 
 
 @pytest.mark.slow
-def test_channel_scale_is_per_rope_pair_and_off_with_the_debug_switch(lc, gemma, monkeypatch):
+def test_channel_scale_is_per_rope_pair_and_off_with_its_setting(lc, gemma):
     """Gemma 3 (NEOX RoPE over all 256 channels, one KV head): each record is the mean, then a
-    channel scale that is equal on the two channels of a RoPE pair and has a geometric mean of 1.
-    With TURBOQ_K_BALANCE=0 (a fresh model load calibrates again) the scale is all ones and the
-    mean is unchanged."""
+    channel scale that is equal on the two channels of a RoPE pair and has a geometric mean of 1
+    (auto takes the scale on Gemma: the calibration's trial finds it helps). With turboq.k_scale=off
+    the scale is all ones and the mean is unchanged."""
     def records(m) -> list[np.ndarray]:
         c = Ctx(lc, m, "turboq3")
         c.eval(0, prompts(lc, m)[0])
@@ -245,8 +255,7 @@ def test_channel_scale_is_per_rope_pair_and_off_with_the_debug_switch(lc, gemma,
         np.testing.assert_array_equal(s[:128], s[128:])
         assert abs(np.log(s.astype(np.float64)).mean()) < 1e-5
         assert s.max() / s.min() > 1.5  # Q and K energies differ across channels: the scale does something
-    monkeypatch.setenv("TURBOQ_K_BALANCE", "0")
-    m = load(lc, data.default_model())
+    m = load(lc, data.default_model(), k_scale="off")
     try:
         off = records(m)
     finally:

@@ -145,3 +145,22 @@ def test_trellis_beats_the_scalar_codebook_at_the_same_bits():
     scalar = np.mean((y - np.sqrt(128) * lm.centroids[np.searchsorted(lm.thresholds, y / np.sqrt(128))]) ** 2)
     tcq = np.mean((y - trellis.quantize(y, 3, 6)) ** 2)
     assert tcq < 0.8 * scalar  # measured 0.75x with 2^6 states (python -m pyturbo.lab.trellis)
+
+
+def test_the_kvarn_reading_inverts_its_normalization_and_gains_with_bits():
+    """The lab's reading of KVarN (issue 60's variance normalization): its error falls with every bit
+    and at 8 bits it is near exact, on keys with a few loud channels and tokens (what the
+    normalization is for); broken exponents or a rotation that is not undone fail this. Its bits:
+    3-bit K per channel at head size 64 carries 0.625 bits of fp16 side data."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((256, 2, 64)) * np.exp(rng.standard_normal(64) * 1.5)
+         * np.exp(rng.standard_normal((256, 1, 1)))).astype(np.float32)
+    errs = []
+    for bits in (2, 3, 4, 8):
+        for per in ("channel", "token"):
+            xh = kvlab.kvarn(bits, per)(x, 0, "k")
+            errs.append((bits, per, float(np.sum((xh - x) ** 2) / np.sum(x * x))))
+    for per in ("channel", "token"):
+        e = [err for _, p, err in errs if p == per]
+        assert e == sorted(e, reverse=True) and e[-1] < 1e-3, errs
+    assert kvlab.kvarn_bpw(3, "channel", 64) == 3.625 and kvlab.kvarn_bpw(2, "token", 64) == 2.875

@@ -66,6 +66,21 @@ def test_invalid_layer_adaptive_mode(Llama, tiny128):
         make(Llama, tiny128, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive=8)
 
 
+def test_k_scale_is_the_models_setting(Llama, tiny128):
+    """k_scale= reaches libllama as the string kv override turboq.k_scale: on and off give other
+    logits, auto gives one of the two; a value that is not auto, on or off is refused first."""
+    with pytest.raises(ValueError, match="k_scale must be one of auto, on, off, not 'yes'"):
+        make(Llama, tiny128, cache_type_k="turboq3", cache_type_v="turboq3", k_scale="yes")
+    out = {}
+    for s in ("auto", "on", "off"):
+        llm = make(Llama, tiny128, cache_type_k="turboq3", cache_type_v="turboq3", k_scale=s, logits_all=True)
+        llm.eval(list(range(1, 40)))
+        out[s] = np.array(llm.scores[:39]).copy()
+        del llm
+    assert not np.array_equal(out["on"], out["off"])
+    assert np.array_equal(out["auto"], out["on"]) or np.array_equal(out["auto"], out["off"])
+
+
 def decode_logits(Llama, path: str, k: str, v: str, tokens: list[int], n_prompt: int,
                   k_center: bool | None = None) -> np.ndarray:
     """Logits of the decode steps: the prompt in one batch, then one token per eval (teacher-forced).

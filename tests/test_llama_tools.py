@@ -32,7 +32,7 @@ def gemma_runs(gemma, short_text, tmp_path_factory):
     out["turboq3 uncentered"] = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=6, kld_base=base,
                                            env={"LLAMA_ARG_KV_K_CENTER": "off"})
     out["turboq3 unscaled"] = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=6, kld_base=base,
-                                         env={"TURBOQ_K_BALANCE": "0"})
+                                         env={"LLAMA_ARG_KV_K_SCALE": "off"})
     out["turboq3 tail16"] = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=6, kld_base=base,
                                        env={"TURBOQ_EXACT_TAIL": "16"})
     for t, r in out.items():
@@ -329,17 +329,57 @@ def test_k_centering_is_the_models_key(tiny128, short_text, monkeypatch):
     r = run(tiny128)
     assert "turboq.k_center=false" in r.log and r.ppl == off.ppl
     assert run(tiny128, "--kv-k-center", "on").ppl == on.ppl  # the argument wins
-    bench = ("-m", str(tiny128), "-fa", "1", "-p", "16", "-n", "2", "-r", "1", "-ctk", "turboq3", "-ctv", "turboq3",
+    alias_reaches_llama_bench_and_bad_values_are_errors(tiny128, short_text, monkeypatch, "LLAMA_ARG_KV_K_CENTER",
+                                                        "--kv-k-center", "turboq.k_center=false", "maybe",
+                                                        "'maybe' is not on or off")
+
+
+def alias_reaches_llama_bench_and_bad_values_are_errors(model, text, monkeypatch, alias: str, flag: str, bench_says: str,
+                                                        bad: str, error: str) -> None:
+    """With `alias` already set by the caller: llama-bench's log says `bench_says`; a bad value in the
+    alias is llama-bench's error (exit 1), and in the flag llama-perplexity's."""
+    bench = ("-m", str(model), "-fa", "1", "-p", "16", "-n", "2", "-r", "1", "-ctk", "turboq3", "-ctv", "turboq3",
              "-t", "2", "-o", "csv", "-v")
     r = run_tool("llama-bench", *bench)
-    assert "turboq.k_center=false" in r.stderr + r.stdout
-    monkeypatch.setenv("LLAMA_ARG_KV_K_CENTER", "maybe")
+    assert bench_says in r.stderr + r.stdout
+    monkeypatch.setenv(alias, bad)
     r = run_tool("llama-bench", *bench, check=False)
-    assert r.returncode == 1 and "LLAMA_ARG_KV_K_CENTER: 'maybe' is not on or off" in r.stderr
-    monkeypatch.delenv("LLAMA_ARG_KV_K_CENTER")
+    assert r.returncode == 1 and f"{alias}: {error}" in r.stderr
+    monkeypatch.delenv(alias)
+    r = run_tool("llama-perplexity", "-m", str(model), "-f", str(text), "-c", "128", "-ctk", "turboq3",
+                 "-ctv", "turboq3", flag, bad, check=False)
+    assert r.returncode > 0 and error in r.stderr + r.stdout
+
+
+def test_the_channel_scale_is_a_setting_and_auto_takes_the_trials_choice(tiny128, short_text, monkeypatch):
+    """The channel scale is the model key turboq.k_scale: --kv-k-scale auto|on|off and its alias
+    LLAMA_ARG_KV_K_SCALE in common's tools, the alias in llama-bench, a string in kv_overrides.
+    auto (the default) logs the trial's figures and its choice, and computes what that choice
+    computes; on and off differ; a bad value is an error while parsing."""
+    monkeypatch.delenv("LLAMA_ARG_KV_K_SCALE", raising=False)
+
+    def run(*extra):
+        return perplexity(tiny128, short_text, "turboq3", "turboq3", ctx=128, chunks=1, extra=extra)
+
+    auto, on, off = run(), run("--kv-k-scale", "on"), run("--kv-k-scale", "off")
+    m = re.search(r"the channel scale is (on|off) \(turboq.k_scale=auto: the trial's attention error, summed over the "
+                  r"layers, ([\d.]+) with it and ([\d.]+) without it", auto.log)
+    assert m, auto.log[-3000:]
+    with_it, without = float(m.group(2)), float(m.group(3))
+    assert with_it > 0 and without > 0
+    if abs(with_it - without) > 2e-4:  # the log's 4 decimals tell which is smaller
+        assert m.group(1) == ("on" if with_it < without else "off")
+    assert on.ppl != off.ppl and auto.ppl == (on if m.group(1) == "on" else off).ppl
+    assert "the channel scale is on (turboq.k_scale)" in on.log and "the channel scale is off (turboq.k_scale)" in off.log
+    assert run("--kv-k-scale", "auto").ppl == auto.ppl
+    monkeypatch.setenv("LLAMA_ARG_KV_K_SCALE", "off")
+    assert run().ppl == off.ppl and run("--kv-k-scale", "on").ppl == on.ppl  # the argument wins
+    alias_reaches_llama_bench_and_bad_values_are_errors(tiny128, short_text, monkeypatch, "LLAMA_ARG_KV_K_SCALE",
+                                                        "--kv-k-scale", "the channel scale is off (turboq.k_scale)",
+                                                        "sometimes", "'sometimes' is not auto, on or off")
     r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128", "-ctk", "turboq3",
-                 "-ctv", "turboq3", "--kv-k-center", "maybe", check=False)
-    assert r.returncode > 0 and "'maybe' is not on or off" in r.stderr + r.stdout
+                 "-ctv", "turboq3", "--override-kv", "turboq.k_scale=str:sometimes", check=False)
+    assert r.returncode > 0 and "turboq.k_scale: 'sometimes' is not auto, on or off" in r.stderr + r.stdout
 
 
 def test_the_deprecated_alias_still_sets_the_mode(tiny128, short_text, monkeypatch):

@@ -288,7 +288,7 @@ def test_ratio_table_from_llama_bench_jsonl(tmp_path):
 
 
 def test_needle_prompts_are_exact_and_repeatable(gemma):
-    from pyturbo.bench.needle import MAX_NEW, QUESTION, _hit, make_probes
+    from pyturbo.bench.needle import MAX_NEW, STYLES, _hit, make_probes
     from pyturbo.llama import Llama
     tok = Llama(str(gemma), vocab_only=True, verbose=False)
     try:
@@ -296,7 +296,7 @@ def test_needle_prompts_are_exact_and_repeatable(gemma):
         probes = make_probes(tok, text, [1024, 2048], [0.1, 0.9], trials=2)
         assert make_probes(tok, text, [1024, 2048], [0.1, 0.9], trials=2) == probes
         assert len(probes) == 8 and len({p.number for p in probes}) == 8
-        q = tok.tokenize(QUESTION.encode(), add_bos=False, special=False)
+        q = tok.tokenize(STYLES["secret"][1].encode(), add_bos=False, special=False)
         for p in probes:
             assert len(p.tokens) == p.ctx - MAX_NEW - 1
             assert list(p.tokens[-len(q):]) == q
@@ -306,6 +306,14 @@ def test_needle_prompts_are_exact_and_repeatable(gemma):
         # trials read the filler from different offsets
         a, b = (p for p in probes if p.ctx == 1024 and p.depth == 0.1)
         assert a.tokens[1:50] != b.tokens[1:50]
+        # the pass-key test: its own repeated filler (the text is not read), the needle said twice
+        keys = make_probes(tok, "", [1000, 3000], [0.1, 0.5, 0.9], trials=1, style="passkey")
+        q = tok.tokenize(STYLES["passkey"][1].encode(), add_bos=False, special=False)
+        for p in keys:
+            assert len(p.tokens) == p.ctx - MAX_NEW - 1 and list(p.tokens[-len(q):]) == q
+            body = tok.detokenize(list(p.tokens)).decode("utf-8", "replace")
+            at = body.index(f"The pass key is {p.number}. Remember it. {p.number} is the pass key.")
+            assert abs(at / len(body) - p.depth) < 0.05 and body.count("The grass is green.") > 10
     finally:
         tok.close()
     assert _hit(" 48213.\n", "48213") and _hit(" 48,213", "48213")
@@ -390,7 +398,8 @@ def test_bench_config_options_combine():
     from pyturbo.bench.cpu import parse_config
     assert parse_config("turboq3") == ("turboq3", "turboq3", "turboq3", {})
     assert parse_config("turboq3/turboq4:3:unscaled")[1:] == (
-        "turboq3", "turboq4", {"LLAMA_ARG_LAYER_ADAPTIVE": "3", "TURBOQ_K_BALANCE": "0"})
+        "turboq3", "turboq4", {"LLAMA_ARG_LAYER_ADAPTIVE": "3", "LLAMA_ARG_KV_K_SCALE": "off"})
+    assert parse_config("turboq3:scaled")[3] == {"LLAMA_ARG_KV_K_SCALE": "on"}
     assert parse_config("q8_0/turboq3:uncentered")[3] == {"LLAMA_ARG_KV_K_CENTER": "off"}
     with pytest.raises(SystemExit, match="unknown option 'fast'"):
         parse_config("turboq3:fast")

@@ -295,6 +295,29 @@ def test_each_engine_gives_the_model_its_k_centering(build_info, capfd):
     del llm
 
 
+def test_each_engine_gives_the_model_its_channel_scale(build_info, capfd):
+    """--kv-k-scale reaches llama-server as its argument (only when given) and the python engine as
+    the model's string kv override, which the calibration's log line names; a value that is not
+    auto, on or off is refused before a model loads."""
+    from pyturbo import data
+    from pyturbo.server import python_engine
+    from pyturbo.server.cli import parser
+    from pyturbo.server.llama_server import LaunchSpec
+    argv = LaunchSpec("m.gguf", "turboq3", "turboq3", 0, 4096, 1, "127.0.0.1", 8080, "m", kv_k_scale="off").argv()
+    assert argv[argv.index("--kv-k-scale") + 1] == "off"
+    assert "--kv-k-scale" not in LaunchSpec("m.gguf", "turboq3", "turboq3", 0, 4096, 1, "127.0.0.1", 8080, "m").argv()
+    assert parser().parse_args(["--kv-k-scale", "on"]).kv_k_scale == "on"
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--kv-k-scale", "sometimes"])
+    settings = python_engine.TurboModelSettings(model=str(data.tiny_model(head_dim=128)), n_ctx=128, type_k=61,
+                                                type_v=61, flash_attn=True, k_scale="off", verbose=True)
+    llm = python_engine._load_model(settings)
+    assert "the channel scale is off (turboq.k_scale)" in capfd.readouterr().err
+    del llm
+    with pytest.raises(ValueError, match="k_scale must be one of auto, on, off, not 'sometimes'"):
+        python_engine._load_model(settings.model_copy(update={"k_scale": "sometimes"}))
+
+
 @pytest.mark.slow
 def test_llama_server_waits_passively_between_tokens(server):
     """The OpenMP threads of the server's engine wait passively (OMP_WAIT_POLICY), which keeps

@@ -37,7 +37,8 @@ SPEED_RUNS = [["-p", "512,2048", "-n", "64"], ["-p", "512", "-n", "32", "-d", "4
 
 
 OPTIONS = {"uncentered": {"LLAMA_ARG_KV_K_CENTER": "off"},  # K centering (and its channel scale) off
-           "unscaled": {"TURBOQ_K_BALANCE": "0"},    # K centering without the channel scale
+           "unscaled": {"LLAMA_ARG_KV_K_SCALE": "off"},  # K centering without the channel scale
+           "scaled": {"LLAMA_ARG_KV_K_SCALE": "on"},     # with it, whatever the calibration's trial chose
            "onerow": {"TURBOQ_FA_TILED": "0"}}       # CPU flash attention without the quantized tiled path
 
 
@@ -49,7 +50,8 @@ WINDOW = re.compile(r"(\d+)(?:m(\d+))?")  # ':winW' or ':winWmM' after 'win'
 
 def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
     """'t' (K = V = t) or 'k/v', then any of ':N' (a LLAMA_ARG_LAYER_ADAPTIVE mode), ':uncentered'
-    (--kv-k-center off), ':unscaled' (TURBOQ_K_BALANCE=0), ':onerow' (TURBOQ_FA_TILED=0),
+    (--kv-k-center off), ':unscaled' and ':scaled' (--kv-k-scale off and on; without either, auto),
+    ':onerow' (TURBOQ_FA_TILED=0),
     ':winW' (the exact window, --kv-exact-window W through its alias LLAMA_ARG_KV_EXACT_WINDOW;
     ':winWmM' with a margin of M, --kv-exact-window-margin M), ':sinkS' (sink rows, --kv-exact-sink S
     through LLAMA_ARG_KV_EXACT_SINK), ':tailW' (TURBOQ_EXACT_TAIL=W): (label, K, V, environment)."""
@@ -158,7 +160,7 @@ def quality(args: argparse.Namespace) -> None:
     q4 = next((r for label, _, _, r in rows if label == "q4_0"), None)
     print(f"\n{model.name}, {text.name}, c={args.ctx} (-b {batch}), {chunks} chunk(s) (the second half of each "
           "scored), -fa on; KLD against the f16 cache; K/V, ':N' = LLAMA_ARG_LAYER_ADAPTIVE=N, ':uncentered' = "
-          "--kv-k-center off, ':unscaled' = TURBOQ_K_BALANCE=0, ':winW' = --kv-exact-window W (KV MiB with its "
+          "--kv-k-center off, ':unscaled'/':scaled' = --kv-k-scale off/on (else auto), ':winW' = --kv-exact-window W (KV MiB with its "
           "F16 rows), ':winWmM' = with --kv-exact-window-margin M, ':sinkS' = --kv-exact-sink S (KV MiB with its "
           "F16 rows)" +
           (f", ':tailW' = TURBOQ_EXACT_TAIL=W (-ub {batch}; KV MiB without "
@@ -298,7 +300,7 @@ def add_parsers(sub) -> None:
     q.add_argument("--plot", help="PNG of KLD against bits per value with the Pareto front (default: "
                                   "bench-out/quality-MODEL-TEXT-cCTX.png; 'none': no plot)")
     q.add_argument("--types", nargs="+", default=QUALITY_TYPES,
-                   help="'t', 'k/v', plus ':N' (LLAMA_ARG_LAYER_ADAPTIVE), ':uncentered', ':unscaled', ':onerow', ':winW' or ':winWmM' (margin M), ':tailW' or ':sinkS'")
+                   help="'t', 'k/v', plus ':N' (LLAMA_ARG_LAYER_ADAPTIVE), ':uncentered', ':unscaled', ':scaled', ':onerow', ':winW' or ':winWmM' (margin M), ':tailW' or ':sinkS'")
     q.set_defaults(func=quality)
     s = sub.add_parser("speed", help="llama-bench prompt and generation speed vs f16, interleaved rounds, and "
                                      "decode beside its read-bandwidth bound")

@@ -9,13 +9,20 @@ the end, answered greedily:
 A hit is an answer whose first digits are the number. Every configuration sees the same prompts
 (same filler, same numbers, same positions in tokens), so the table compares caches, not luck.
 
+`--style passkey` is the classic pass-key test instead, which a base model completes as readily
+as an instruct one: the filler is one short paragraph repeated ("The grass is green. The sky is
+blue. ..."), the needle "The pass key is 48213. Remember it. 48213 is the pass key.", the prompt
+ends "What is the pass key? The pass key is". Repetitive filler leaves the needle the one thing
+that differs, which makes attention's job easy for f16 and its errors visible for a cache.
+
 Hits move in whole probes, so a few dozen probes cannot rank caches that differ by two. The table
 also gives the log-probability of the number itself, teacher-forced after the question (natural
 log, summed over its tokens), and its mean change against f16 over the same probes: a continuous
 measure that says how close a cache is to losing a needle, hit or not.
 
-  pyturbo bench needle [--model M] [--text botchan|pydoc|FILE] [--ctx 4096 8192 16384]
-                       [--depths 0.1 0.5 0.9] [--trials 2] [--types f16 q4_0 turboq3/turboq4:3 ...]
+  pyturbo bench needle [--model M] [--text botchan|pydoc|FILE] [--style secret|passkey]
+                       [--ctx 4096 8192 16384] [--depths 0.1 0.5 0.9] [--trials 2]
+                       [--types f16 q4_0 turboq3/turboq4:3 ...]
 """
 from __future__ import annotations
 
@@ -31,8 +38,12 @@ from .. import data
 from .cpu import parse_config
 
 NEEDLE_TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3:win32", "turboq3/turboq4:3", "turboq3", "turboq2"]
-QUESTION = "\n\nWhat is the secret number? The secret number is"
 MAX_NEW = 8
+# per style: the needle (with {n} for the number) and the question; the passkey style's filler
+STYLES = {"secret": (" The secret number is {n}. ", "\n\nWhat is the secret number? The secret number is"),
+          "passkey": (" The pass key is {n}. Remember it. {n} is the pass key. ", "\n\nWhat is the pass key? The pass key is")}
+# a leading space and none after, so that copies join as the tokenizer splits running text
+PASSKEY_FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
 
 @dataclass(frozen=True)
@@ -44,24 +55,32 @@ class Probe:
     tokens: tuple[int, ...]
 
 
-def make_probes(llm, text: str, ctxs: list[int], depths: list[float], trials: int, seed: int = 0) -> list[Probe]:
+def make_probes(llm, text: str, ctxs: list[int], depths: list[float], trials: int, seed: int = 0,
+                style: str = "secret") -> list[Probe]:
     """The prompts, in tokens: filler cut to ctx - (needle, question, answer room), the needle
-    inserted at depth (a fraction of the filler), the question last."""
+    inserted at depth (a fraction of the filler), the question last. style: STYLES' key; "passkey"
+    repeats its own filler instead of `text`."""
     tok = lambda s, bos=False: llm.tokenize(s.encode("utf-8"), add_bos=bos, special=False)
-    filler = tok(text)
+    needle_text, question = STYLES[style]
+    if style == "passkey":
+        unit = tok(PASSKEY_FILLER)
+        filler = unit * (max(ctxs) // max(1, len(unit)) + 2)
+    else:
+        filler = tok(text)
     bos = tok("", bos=True)
-    q = tok(QUESTION)
+    q = tok(question)
     rng = random.Random(seed)
     # room for the answer, and for the number teacher-forced where a tokenizer spends more on it
     room = max(MAX_NEW, len(tok(" 99999")))
     probes = []
     for ctx in ctxs:
         for trial in range(trials):
-            # each trial reads the filler from another offset, so trials are different texts
+            # each trial reads the filler from another offset, so trials are different texts (for the
+            # pass-key test, the same paragraphs from another phase)
             start = (trial * 7919) % max(1, len(filler) // 2)
             for depth in depths:
                 number = str(rng.randrange(10000, 100000))
-                needle = tok(f" The secret number is {number}. ")
+                needle = tok(needle_text.format(n=number))
                 n_fill = ctx - len(bos) - len(needle) - len(q) - room - 1
                 body = (filler[start:] + filler)[:n_fill]
                 if len(body) < n_fill:
@@ -88,12 +107,13 @@ def open_llama(model, config: str, ctx: int, threads: int):
     margin = env.pop(exact_window.MARGIN_ENV, None)
     sink = int(env.pop(exact_window.SINK_ENV, 0) or 0)
     center = env.pop(k_centering.ENV, None)
+    scale = env.pop(k_centering.SCALE_ENV, None)
     with scoped_env(env):
         return Llama(str(model), n_ctx=ctx, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
                      flash_attn=True, cache_type_k=k, cache_type_v=v, layer_adaptive=la or None,
                      kv_exact_window=window or None, kv_exact_window_margin=None if margin is None else int(margin),
                      kv_exact_sink=sink or None,
-                     k_center=None if center is None else center == "on", verbose=False)
+                     k_center=None if center is None else center == "on", k_scale=scale, verbose=False)
 
 
 @dataclass(frozen=True)
@@ -168,15 +188,17 @@ def needle(args: argparse.Namespace) -> None:
     types = ["f16", *[t for t in args.types if t != "f16"]]
     tok = Llama(str(model), vocab_only=True, verbose=False)
     try:
-        probes = make_probes(tok, text.read_text(encoding="utf-8"), args.ctx, args.depths, args.trials)
+        probes = make_probes(tok, text.read_text(encoding="utf-8"), args.ctx, args.depths, args.trials,
+                             style=args.style)
     finally:
         tok.close()
     results = {t: run_config(model, t, probes, args.threads) for t in types}
     cells = sorted({(p.ctx, p.depth) for p in probes})
-    print(f"\n{model.name}, needle in {text.name}, greedy; hits of {args.trials} trial(s) per cell; "
+    where = "repeated filler (the pass-key test)" if args.style == "passkey" else text.name
+    print(f"\n{model.name}, needle in {where}, greedy; hits of {args.trials} trial(s) per cell; "
           "'same as f16' counts probes whose answers equal f16's; log p: the number's log-probability, "
           "teacher-forced, the mean over probes, and its mean change against f16's on the same probes\n")
-    print("| K/V | " + " | ".join(f"{c // 1024}k @ {d:.0%}" for c, d in cells)
+    print("| K/V | " + " | ".join(f"{f'{c // 1024}k' if c % 1024 == 0 else c} @ {d:.0%}" for c, d in cells)
           + " | hits | same answers as f16 | log p, mean | vs f16 |")
     print("|---|" + "---|" * (len(cells) + 4))
     base = results["f16"]
@@ -194,10 +216,12 @@ def add_parsers(sub) -> None:
     n = sub.add_parser("needle", help="retrieval of a number hidden in long filler text, hits per cache type vs f16")
     n.add_argument("--model", help="a GGUF path or gemma3-270m / smollm2-135m (default: Gemma 3 270M)")
     n.add_argument("--text", help="the filler: a text file, or botchan / pydoc (default: botchan)")
+    n.add_argument("--style", choices=sorted(STYLES), default="secret",
+                   help="secret: a number in --text; passkey: the pass-key test in repeated filler")
     n.add_argument("--ctx", type=int, nargs="+", default=[4096, 8192, 16384])
     n.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     n.add_argument("--trials", type=int, default=2)
     n.add_argument("--threads", type=int, default=2)
     n.add_argument("--types", nargs="+", default=NEEDLE_TYPES,
-                   help="'t' or 'k/v', plus ':N' (layer mode), ':winW' (exact window), ':winWmM' (and its margin), ':unscaled', ':uncentered'")
+                   help="'t' or 'k/v', plus ':N' (layer mode), ':winW' (exact window), ':winWmM' (and its margin), ':unscaled', ':scaled', ':uncentered'")
     n.set_defaults(func=needle)

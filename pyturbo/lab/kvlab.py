@@ -361,6 +361,45 @@ def channel_scales(chunks: list[dict[str, np.ndarray]], neox: bool = True) -> di
     return out
 
 
+def kvarn(bits: int, per: str, tile: int = 128, rounds: int = 4) -> Codec:
+    """A reading of KVarN (arXiv 2606.03458, from its description, not its code) as a replay codec:
+    per KV head and tile of `tile` tokens, the Hadamard along channels (turboq's, in groups of up to
+    128), then `rounds` of log-space Sinkhorn normalization (each token's RMS, then each channel's,
+    kept as fp16 exponents), then asymmetric round-to-nearest at `bits` with an fp16 minimum and
+    step per channel (`per="channel"`, its K) or per token (`"token"`, its V). Without its fp16
+    tail for the open tile (which is an exact window by another name)."""
+    def f(x: np.ndarray, il: int, which: str) -> np.ndarray:
+        T, H, d = x.shape
+        g = min(d, D)
+        R = np.kron(np.eye(d // g), rotation("wht", None, g))
+        out = np.empty(x.shape, np.float64)
+        for h in range(H):
+            for t0 in range(0, T, tile):
+                X = x[t0:t0 + tile, h].astype(np.float64) @ R.T
+                r, c = np.zeros(X.shape[0]), np.zeros(d)
+                for _ in range(rounds):
+                    Y = X / np.exp(r)[:, None] / np.exp(c)[None, :]
+                    r += np.log(np.sqrt((Y * Y).mean(1)) + 1e-30)
+                    Y = X / np.exp(r)[:, None] / np.exp(c)[None, :]
+                    c += np.log(np.sqrt((Y * Y).mean(0)) + 1e-30)
+                r, c = (a.astype(np.float16).astype(np.float64) for a in (r, c))
+                Y = X / np.exp(r)[:, None] / np.exp(c)[None, :]
+                ax = 0 if per == "channel" else 1
+                lo = Y.min(ax, keepdims=True).astype(np.float16).astype(np.float64)
+                step = ((Y.max(ax, keepdims=True) - lo) / (2 ** bits - 1)).astype(np.float16).astype(np.float64)
+                step = np.where(step == 0, 1, step)
+                Yh = np.clip(np.round((Y - lo) / step), 0, 2 ** bits - 1) * step + lo
+                out[t0:t0 + tile, h] = (Yh * np.exp(r)[:, None] * np.exp(c)[None, :]) @ R
+        return out.astype(np.float32)
+    return f
+
+
+def kvarn_bpw(bits: int, per: str, d: int, tile: int = 128) -> float:
+    """Bits per value of `kvarn`: the codes, the fp16 minimum and step (per channel and tile, or per
+    token), the fp16 token exponent (per token) and channel exponent (per channel and tile)."""
+    return bits + (32 / tile if per == "channel" else 32 / d) + 16 / d + 16 / tile
+
+
 def mainline(kind: str) -> Codec:
     return lambda x, il, which: q_mainline(x, kind)
 
@@ -369,9 +408,10 @@ def exact(x: np.ndarray, il: int, which: str) -> np.ndarray:
     return x
 
 
-def variant_table(scales: dict[int, np.ndarray] | None = None, ctx: int = 512) -> list[tuple[str, float, Callable[[int | None], tuple[Codec, Codec]]]]:
+def variant_table(scales: dict[int, np.ndarray] | None = None, ctx: int = 512,
+                  d: int = D) -> list[tuple[str, float, Callable[[int | None], tuple[Codec, Codec]]]]:
     """(name, bits per value of K and V together, seed -> (K codec, V codec)); with `scales`,
-    also the rows of the K channel scale."""
+    also the rows of the K channel scale; d: the model's head size (KVarN's bits depend on it)."""
     V = Variant
     rows: list = [
         ("f16 K / turboq3 V", 9.5625, lambda s: (exact, tq(V(3, seed=s)))),
@@ -393,6 +433,11 @@ def variant_table(scales: dict[int, np.ndarray] | None = None, ctx: int = 512) -
         for rot in ("planar", "iso"):
             rows.append((f"turboq{b} {rot} rotation", bpw[b], lambda s, b=b, rot=rot: (tq(V(b, rot=rot, seed=s)), tq(V(b, rot=rot, seed=s)))))
     rows.append(("turboq4 K / turboq3 V", 3.6875, lambda s: (tq(V(4, seed=s)), tq(V(3, seed=s)))))
+    # variance normalization across tokens (issue 60), K per channel / V per token; the rotation draw
+    # does not apply (the shipped signs)
+    for kb, vb in ((3, 2), (4, 2), (3, 3), (2, 2)):
+        rows.append((f"KVarN K{kb}/V{vb}", (kvarn_bpw(kb, "channel", d) + kvarn_bpw(vb, "token", d)) / 2,
+                     lambda s, kb=kb, vb=vb: (kvarn(kb, "channel"), kvarn(vb, "token"))))
     rows.append(("turboq3 K / turboq4 V", 3.6875, lambda s: (tq(V(3, seed=s)), tq(V(4, seed=s)))))
     if scales is not None:
         for b in (4, 3, 2):
@@ -435,7 +480,7 @@ def run_table(chunks: list[dict[str, np.ndarray]], scale: float, seeds: list[int
     (c, c + d/2), else (2c, 2c + 1); windows: layer -> sliding window."""
     out = []
     ctx = len(chunks[0]["k0"])
-    for name, bpw, make in variant_table(channel_scales(chunks, neox), ctx):
+    for name, bpw, make in variant_table(channel_scales(chunks, neox), ctx, chunks[0]["k0"].shape[2]):
         if only and not (name in only if exact else any(o in name for o in only)):
             continue
         vals = []
@@ -450,7 +495,7 @@ def run_table(chunks: list[dict[str, np.ndarray]], scale: float, seeds: list[int
 # ---- end to end: the same variants through llama-perplexity, where the C code has them ----
 
 # lab variant name -> (K type, V type, environment)
-_UNCENTERED, _UNSCALED = {"LLAMA_ARG_KV_K_CENTER": "off"}, {"TURBOQ_K_BALANCE": "0"}
+_UNCENTERED, _UNSCALED = {"LLAMA_ARG_KV_K_CENTER": "off"}, {"LLAMA_ARG_KV_K_SCALE": "off"}
 END_TO_END = {
     "q8_0": ("q8_0", "q8_0", {}),
     "q4_0": ("q4_0", "q4_0", {}),

@@ -53,6 +53,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-k-center", choices=("on", "off"), default=None,
                     help="turboq K caches: K centered on the model's calibrated mean and scaled per channel (on), "
                          "or stored as it comes (off, for comparisons); default: the model's, else on")
+    ap.add_argument("--kv-k-scale", choices=("auto", "on", "off"), default=None,
+                    help="turboq K caches: the channel scale of K centering; auto takes it where the model's "
+                         "calibration measured that it lowers the attention error (with --kv-exact-sink as set); "
+                         "default: the model's, else auto")
     ap.add_argument("--n-ctx", type=int, default=4096, help="context of each slot, in tokens (default 4096)")
     ap.add_argument("--parallel", "-np", type=int, default=4,
                     help="slots decoding at once (llama-server engine; default 4). The python engine serves one "
@@ -140,7 +144,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.extra and args.engine != "llama-server":
         raise ValueError(f"extra flags {' '.join(args.extra)!r} are llama-server flags; the python engine takes none")
     # these set what the memory check and the cache types already decided
-    for flag in ("--layer-adaptive", "--kv-exact-window", "--kv-exact-window-margin", "--kv-exact-sink", "--kv-k-center", "-ctk",
+    for flag in ("--layer-adaptive", "--kv-exact-window", "--kv-exact-window-margin", "--kv-exact-sink", "--kv-k-center", "--kv-k-scale", "-ctk",
                  "--cache-type-k", "-ctv", "--cache-type-v"):
         if any(a == flag or a.startswith(flag + "=") for a in args.extra):
             raise ValueError(f"{flag} after '--': give it as python -m server's own option")
@@ -229,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
                                                               args.cache_type_v_draft, args.draft_max)
                                            if args.draft_model else None,
                                            args.embeddings, args.kv_exact_window, args.kv_exact_window_margin,
-                                           args.kv_k_center, args.kv_exact_sink)
+                                           args.kv_k_center, args.kv_exact_sink, args.kv_k_scale)
             binary("llama-server")
         except FileNotFoundError as e:
             sys.exit(f"server: {e}")
@@ -252,7 +256,8 @@ def main(argv: list[str] | None = None) -> None:
                                       verbose=not args.quiet, kv_exact_window=args.kv_exact_window,
                                       kv_exact_window_margin=args.kv_exact_window_margin,
                                       kv_exact_sink=args.kv_exact_sink,
-                                      k_center=None if args.kv_k_center is None else args.kv_k_center == "on")
+                                      k_center=None if args.kv_k_center is None else args.kv_k_center == "on",
+                                      k_scale=args.kv_k_scale)
     except (ValueError, ContextError) as e:
         sys.exit(f"server: {e}")
     sys.exit(python_engine.run(app, args.host, args.port, args.quiet))

@@ -62,6 +62,7 @@ class LaunchSpec:
     kv_exact_window_margin: int | None = None  # None: the model's
     kv_k_center: str | None = None  # "on" or "off"; None: the model's
     kv_exact_sink: int = 0
+    kv_k_scale: str | None = None  # "auto", "on" or "off"; None: the model's
 
     def argv(self) -> list[str]:
         argv = [str(binary("llama-server")), "-m", self.model, "-a", self.alias,
@@ -76,6 +77,8 @@ class LaunchSpec:
             argv += ["--kv-exact-window-margin", str(self.kv_exact_window_margin)]
         if self.kv_k_center is not None:
             argv += ["--kv-k-center", self.kv_k_center]
+        if self.kv_k_scale is not None:
+            argv += ["--kv-k-scale", self.kv_k_scale]
         if self.n_threads:
             argv += ["-t", str(self.n_threads), "-tb", str(self.n_threads)]
         if self.chat_fallback:

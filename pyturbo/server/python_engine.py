@@ -33,6 +33,7 @@ class TurboModelSettings(ModelSettings):
     kv_exact_window_margin: int | None = None
     kv_exact_sink: int = 0
     k_center: bool | None = None
+    k_scale: str | None = None
     chat_template_file: str | None = None
     chat_end_of_turn: str | None = None
 
@@ -52,6 +53,8 @@ def _load_model(settings: ModelSettings):
     window[exact_window.sink_key()] = sink  # also 0, which beats sink rows that the GGUF holds
     center = getattr(settings, "k_center", None)
     center = [] if center is None else [f"{k_centering.key()}=bool:{str(center).lower()}"]
+    scale = getattr(settings, "k_scale", None)
+    center += [] if scale is None else [f"{k_centering.scale_key()}=str:{k_centering.check_scale(scale)}"]
     settings = settings.model_copy(update={"kv_overrides": [*(settings.kv_overrides or []), f"{k}=int:{v}",
                                                             *(f"{key}=int:{n}" for key, n in window.items()),
                                                             *center]})
@@ -117,13 +120,15 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
               n_ctx: int = 4096, n_threads: int | None = None, alias: str | None = None,
               host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
               chat_fallback: Fallback | None = None, verbose: bool = True, kv_exact_window: int = 0,
-              kv_exact_window_margin: int | None = None, k_center: bool | None = None, kv_exact_sink: int = 0):
+              kv_exact_window_margin: int | None = None, k_center: bool | None = None, kv_exact_sink: int = 0,
+              k_scale: str | None = None):
     tk, tv = requested_cache_type(cache_type_k), requested_cache_type(cache_type_v)
     ms = TurboModelSettings(model=model, model_alias=alias or Path(model).name, n_ctx=n_ctx, type_k=tk.ggml_id,
                             type_v=tv.ggml_id, flash_attn=True, layer_adaptive=layer_adaptive,
                             kv_exact_window=exact_window.check(kv_exact_window),
                             kv_exact_window_margin=None if kv_exact_window_margin is None
                             else exact_window.check_margin(kv_exact_window_margin), k_center=k_center,
+                            k_scale=None if k_scale is None else k_centering.check_scale(k_scale),
                             kv_exact_sink=exact_window.check_sink(kv_exact_sink),
                             verbose=verbose,
                             chat_template_file=str(chat_fallback.path) if chat_fallback else None,
@@ -161,7 +166,8 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
     def health() -> dict:
         return {"status": "ok", "model": ms.model_alias, "cache_type_k": tk.name, "cache_type_v": tv.name,
                 "layer_adaptive": layer_adaptive, "kv_exact_window": kv_exact_window,
-                "kv_exact_window_margin": kv_exact_window_margin, "kv_exact_sink": kv_exact_sink, "k_center": k_center}
+                "kv_exact_window_margin": kv_exact_window_margin, "kv_exact_sink": kv_exact_sink, "k_center": k_center,
+                "k_scale": k_scale}
 
     @app.middleware("http")
     async def reject_bad_requests(request: Request, call_next):
