@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from pyturbo import data, exact_window, layer_adaptive
+from pyturbo import data, exact_window, k_centering, layer_adaptive
 from pyturbo._paths import UnpatchedLibraryError, binary
 from pyturbo.types import CACHE_TYPES, requested_cache_type
 
@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-k-center", choices=("on", "off"), default=None,
                     help="turboq K caches: K centered on the model's calibrated mean and scaled per channel (on), "
                          "or stored as it comes (off, for comparisons); default: the model's, else on")
-    ap.add_argument("--kv-k-scale", choices=("auto", "on", "off"), default=None,
+    ap.add_argument("--kv-k-scale", choices=k_centering.SCALES, default=None,
                     help="turboq K caches: the channel scale of K centering; auto takes it where the model's "
                          "calibration measured that it lowers the attention error (with --kv-exact-sink as set); "
                          "default: the model's, else auto")

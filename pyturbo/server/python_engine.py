@@ -51,13 +51,13 @@ def _load_model(settings: ModelSettings):
     wv = window[exact_window.key()]
     sink = exact_window.check_sink(getattr(settings, "kv_exact_sink", 0))
     window[exact_window.sink_key()] = sink  # also 0, which beats sink rows that the GGUF holds
-    center = getattr(settings, "k_center", None)
-    center = [] if center is None else [f"{k_centering.key()}=bool:{str(center).lower()}"]
-    scale = getattr(settings, "k_scale", None)
-    center += [] if scale is None else [f"{k_centering.scale_key()}=str:{k_centering.check_scale(scale)}"]
+    # K centering and its channel scale: passed only when given, so the model's own keys stand otherwise
+    center, scale = getattr(settings, "k_center", None), getattr(settings, "k_scale", None)
+    k_keys = ([] if center is None else [f"{k_centering.key()}=bool:{str(center).lower()}"]) + \
+             ([] if scale is None else [f"{k_centering.scale_key()}=str:{k_centering.check_scale(scale)}"])
     settings = settings.model_copy(update={"kv_overrides": [*(settings.kv_overrides or []), f"{k}=int:{v}",
                                                             *(f"{key}=int:{n}" for key, n in window.items()),
-                                                            *center]})
+                                                            *k_keys]})
     with pl.creating_context(verbose=settings.verbose):
         llm = _load_upstream(settings)
     if wv or sink:  # a reused prompt prefix is processed again where the window no longer holds its end (or sinks)
