@@ -10,8 +10,9 @@ GGUF keys `key()` ("turboq.exact_window") and `margin_key()`: llama.cpp's tools 
 `--kv-exact-window W --kv-exact-window-margin M` (environment aliases LLAMA_ARG_KV_EXACT_WINDOW and
 LLAMA_ARG_KV_EXACT_WINDOW_MARGIN), llama-cpp-python with `kv_overrides`, pyturbo.Llama with
 `kv_exact_window=W, kv_exact_window_margin=M`, and `python -m server` with the same flags as
-llama.cpp's. With flash attention. A cache on a GPU or an RPC server reads its window after an
-F16 copy of the cache's rows (the CPU reads the rows beside the cache).
+llama.cpp's. With flash attention. A cache on Vulkan or an RPC server, and CUDA's prefill, read the
+window after an F16 copy of the cache's rows (the CPU, and CUDA's decode of a turboq cache, read
+the rows beside the cache).
 
 Sink rows: the setting `sink_key()` ("turboq.exact_sink", `--kv-exact-sink S`, alias
 LLAMA_ARG_KV_EXACT_SINK, pyturbo.Llama's `kv_exact_sink=S`) keeps each sequence's first S positions

@@ -184,3 +184,75 @@ def test_cuda_flash_attention_matches_reference(emulated_cuda, case, tmp_path):
     assert err < bound, f"max abs err {err:.3g} > {bound:.3g} ({r.stderr.strip()})"
     if n_q > 2 and not with_sinks:
         assert not out[:, 1].any(), "a fully masked query row must come out as zeros"
+
+
+# Exact rows (ggml-fa-exact.h) beside the cache: (type_k, type_v, d, n_head, n_head_kv, n_q, n_kv,
+# n_exact, exact type, sequences, sinks, resident). The exact rows run as one more KV slice; the
+# combine adds their V after rotating the cache's back.
+EXACT_CASES = [
+    ("turboq3", "turboq3", 128, 4, 1, 1, 300, 49, "f32", 1, False, 64),   # decode, GQA 4, window 32 + margin 16 + a sink
+    ("turboq4", "turboq2", 256, 4, 2, 3, 200, 40, "f16", 2, True, 4),     # two sequences' rows, attention sinks
+    ("turboq3", "q8_0", 128, 4, 4, 2, 130, 20, "f32", 2, False, 1),       # no GQA, one cache slice
+    ("f16", "turboq3", 256, 8, 2, 5, 64, 70, "f32", 1, False, 8),         # more exact rows than a chunk
+    ("turboq3_g64", "turboq3_g64", 64, 9, 3, 1, 300, 49, "f32", 1, False, 64),  # SmolLM2's shape
+]
+
+
+@pytest.mark.parametrize("case", EXACT_CASES, ids=[f"{c[0]}-{c[1]}-d{c[2]}-q{c[5]}-exact{c[7]}-{c[8]}-seq{c[9]}" for c in EXACT_CASES])
+def test_cuda_flash_attention_reads_exact_rows_beside_the_cache(emulated_cuda, case, tmp_path):
+    type_k, type_v, d, n_head, n_head_kv, n_q, n_kv, n_exact, exact_type, n_seq, with_sinks, resident = case
+    rng = np.random.default_rng(n_exact * 7 + d + n_kv)
+    q = rng.standard_normal((n_head, n_q, d)).astype(np.float32)
+    k = (rng.standard_normal((n_head_kv, n_kv, d)) * 0.5).astype(np.float32)
+    v = rng.standard_normal((n_head_kv, n_kv, d)).astype(np.float32)
+    # the exact rows as llama.cpp holds them, position-major ([n_exact][n_head_kv][d]); larger than
+    # the cache's, as a sink's key is, so that a wrong scale or domain shows
+    ek = (rng.standard_normal((n_exact, n_head_kv, d)) * 1.5).astype(np.float32)
+    ev = (rng.standard_normal((n_exact, n_head_kv, d)) * 2.0).astype(np.float32)
+    # the cache's copies of the last rows are hidden (they are read exact); query i belongs to
+    # sequence i % n_seq and sees the exact rows of its sequence (row r belongs to r % n_seq), the
+    # ubatch's own rows up to its position; one query row sees nothing at all
+    mask = causal_mask(n_q, n_kv, hidden_prefix=0, hidden_row=None)
+    mask[:, n_kv - 24:] = -np.inf
+    emask = np.zeros((n_q, n_exact), np.float32)
+    for i in range(n_q):
+        emask[i, np.arange(n_exact) % n_seq != i % n_seq] = -np.inf
+        emask[i, n_exact - n_q + i + 1:] = -np.inf
+    if n_q > 2:
+        mask[1] = -np.inf
+        emask[1] = -np.inf
+    mask, emask = mask.astype(np.float16), emask.astype(np.float16)
+    sinks = rng.standard_normal(n_head).astype(np.float32) * 2 if with_sinks else None
+    for arr, f in ((q, "q.f32"), (k, "k.f32"), (v, "v.f32"), (mask, "mask.f16"), (sinks, "sinks.f32"),
+                   (ek, "ek.f32"), (ev, "ev.f32"), (emask, "emask.f16")):
+        if arr is not None:
+            arr.tofile(tmp_path / f)
+    r = subprocess.run([str(emulated_cuda), "fa", str(cache_type(type_k).ggml_id), str(cache_type(type_v).ggml_id),
+                        *map(str, (d, n_head, n_head_kv, n_q, n_kv, 0.0, 0.0, resident)),
+                        *(str(tmp_path / f) for f in ("q.f32", "k.f32", "v.f32", "mask.f16")),
+                        str(tmp_path / "sinks.f32") if with_sinks else "-", str(tmp_path / "out.f32"),
+                        str(n_exact), str(cache_type(exact_type).ggml_id),
+                        *(str(tmp_path / f) for f in ("ek.f32", "ev.f32", "emask.f16"))],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"exited {r.returncode}: {r.stderr[-2000:]}"
+    out = np.fromfile(tmp_path / "out.f32", dtype=np.float32).reshape(n_q, n_head, d).transpose(1, 0, 2)
+
+    # the reference: one softmax over the decoded cache and the exact rows, rounded to F16 as read
+    def exact(x):
+        return x.astype(np.float16).astype(np.float32).transpose(1, 0, 2)
+    kd = np.concatenate([decoded(k, type_k), exact(ek)], axis=1)
+    vd = np.concatenate([decoded(v, type_v), exact(ev)], axis=1)
+    m = np.concatenate([mask, emask], axis=1).astype(np.float64)
+    if with_sinks:
+        m = np.concatenate([np.broadcast_to(m, (n_head, n_q, m.shape[1])), np.broadcast_to(sinks[:, None, None], (n_head, n_q, 1))], axis=2)
+        kd = np.concatenate([kd, np.zeros((n_head_kv, 1, d), np.float32)], axis=1)
+        vd = np.concatenate([vd, np.zeros((n_head_kv, 1, d), np.float32)], axis=1)
+    want = reference.attention(q, kd, vd, 1.0 / np.sqrt(d), m)
+    bound = 1e-4 * max(1.0, float(np.abs(want).max()))
+    err = float(np.abs(out - want).max())
+    assert err < bound, f"max abs err {err:.3g} > {bound:.3g} ({r.stderr.strip()})"
+    # and the exact rows count: without them the result is another
+    without = reference.attention(q, kd[:, :n_kv], vd[:, :n_kv], 1.0 / np.sqrt(d), m[..., :n_kv])
+    assert float(np.abs(out - without).max()) > 100 * bound
+    if n_q > 2:
+        assert not out[:, 1].any(), "a fully masked query row must come out as zeros"

@@ -3,10 +3,12 @@ read exact from F16 rows kept beside a quantized cache, in llama.cpp's tools, py
 the server; the same answer however the tokens arrive, and a clear error where it cannot run."""
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from pyturbo import data
-from pyturbo.tools import llama_perplexity as perplexity, run_tool
+from pyturbo.tools import binary, llama_perplexity as perplexity, run_tool, tool_env
 from helpers import assert_state_refused, free_port, post, server_cmd, start, stop, wait_healthy
 
 
@@ -74,6 +76,38 @@ def test_through_the_copy_a_window_over_the_whole_chunk_is_the_f16_cache(tiny128
     assert "read exact (F16 rows after an F16 copy of the cache, a margin of 16)" in got.log
     assert got.ppl == pytest.approx(ref.ppl, rel=1e-6)
     assert got.kld is not None and abs(got.kld) < 1e-6 and got.kld_p999 < 1e-4 and got.same_top == 100.0
+
+
+def decode_step_ops(model, env: dict[str, str]) -> list[str]:
+    """The ops of the last graph llama-completion computes (a one-token decode step), with the
+    tensors each writes, from the scheduler's debug listing (GGML_SCHED_DEBUG=2, -v)."""
+    r = subprocess.run([str(binary("llama-completion")), "-m", str(model), "-p", "Hello there", "-n", "2", "-no-cnv",
+                        "-fa", "on", "-t", "2", "-ctk", "turboq3", "-ctv", "turboq2", *window(16), "-v", "--temp", "0"],
+                       capture_output=True, env=tool_env({"GGML_SCHED_DEBUG": "2", **env}), stdin=subprocess.DEVNULL,
+                       timeout=300)
+    log = (r.stdout + r.stderr).decode(errors="replace")
+    assert r.returncode == 0, log[-3000:]
+    last = log.split("## SPLIT #0")[-1]
+    return [line.split("node #", 1)[1] for line in last.splitlines() if "node #" in line]
+
+
+def test_a_decode_step_reads_the_window_without_copying_the_cache(tiny128):
+    """The graph of a decode step whose window is read beside the cache, as the CPU reads it and a
+    device whose flash attention takes the rows does (CUDA beside a turboq cache, patch 43): no
+    CPY, PAD or CONCAT of the cache, only the small CONCATs of the ring's rows with the step's
+    (measured on the tiny llama, 2 layers: 70 nodes; 86 through the copy, which converts each
+    layer's K and V cache to F16, appends the rows and pads them)."""
+    beside = decode_step_ops(tiny128, {})
+    copy = decode_step_ops(tiny128, COPY)
+    op = lambda node: node.split("(", 1)[1].split(")", 1)[0].strip()  # noqa: E731
+    assert not [n for n in beside if op(n) in ("CPY", "PAD")], beside
+    assert [op(n) for n in beside].count("CONCAT") == 4  # the ring's rows and the step's, K and V, 2 layers
+    assert [op(n) for n in beside].count("FLASH_ATTN") == 2
+    # and the test can tell: through the copy each layer converts its whole K and V cache
+    assert sum(op(n) == "CPY" and "cache_k_l" in n for n in copy) == 2
+    assert sum(op(n) == "CPY" and "cache_v_l" in n for n in copy) == 2
+    assert len(copy) > len(beside)
+    print(f"\ndecode step nodes: {len(beside)} beside the cache, {len(copy)} through the copy")
 
 
 def test_the_copy_reads_what_the_rows_beside_read(tiny128, short_text, tmp_path):

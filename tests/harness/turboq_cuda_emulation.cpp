@@ -9,8 +9,8 @@
 // OS threads meeting at a barrier after every shuffle spent most of the test's time in the
 // scheduler on a 2-core machine. The float intrinsics (__fadd_rn, ...) are IEEE single operations, compiled with
 // -ffp-contract=off as nvcc keeps them. What is not: the GPU's flush-to-zero of subnormals
-// (-use_fast_math), timing, memory coherence beyond the barriers, and everything outside the
-// codec kernels (flash attention, the host launches).
+// (-use_fast_math), timing, memory coherence beyond the barriers, and the host launches (the
+// harness plans and launches the kernels as turboq.cu and fattn-turboq*.cu do).
 //
 //   turboq-cuda-emulation codec TYPE_ID NE0 NROWS in.f32 out.bin
 // reads NROWS rows of NE0 floats and writes, concatenated:
@@ -352,12 +352,20 @@ struct fa_args {
     int64_t resident;                          // blocks the "GPU" holds at once: sets the KV split
     std::vector<float> q, k, v, sinks;         // q [n_head][n_q][d], k/v [n_head_kv][n_kv][d], sinks [n_head] or empty
     std::vector<uint16_t> mask;                // [n_q][n_kv] f16, or empty
+    // exact rows (ggml-fa-exact.h), held as llama.cpp holds them: [n_exact][n_head_kv][d] (a
+    // permuted view, so a head's rows are strided), of exact_type; their mask [n_q][n_exact] f16
+    int n_exact = 0;
+    ggml_type exact_type = GGML_TYPE_F32;
+    std::vector<float> ek, ev;
+    std::vector<uint16_t> emask;
 };
 
 static std::vector<char> fa_cache(ggml_type type, const std::vector<float> & x, int d) {
     std::vector<char> out(ggml_row_size(type, d) * (x.size() / d));
     if (type == GGML_TYPE_F16) {
         ggml_fp32_to_fp16_row(x.data(), (ggml_fp16_t *) out.data(), (int64_t) x.size());
+    } else if (type == GGML_TYPE_F32) {
+        memcpy(out.data(), x.data(), x.size()*sizeof(float));
     } else {
         ggml_get_type_traits(type)->from_float_ref(x.data(), out.data(), (int64_t) x.size());
     }
@@ -369,15 +377,38 @@ static void fa_run(const fa_args & a, tq_fa_params p, std::vector<float> & dst) 
     const tq_fa_grid g = tq_fa_plan(p, ncols, a.n_kv, a.resident);
     p.nsplit       = g.nsplit;
     p.kv_per_split = g.kv_per_split;
-    const int64_t n_rows = (int64_t) p.ne01*p.ne02*p.ne03;
-    std::vector<float>  vkq(g.nsplit*n_rows*D, NAN);
-    std::vector<float2> meta(g.nsplit*n_rows, float2{ NAN, NAN });
+    const int     n_slices = g.nsplit + (a.n_exact ? 1 : 0);
+    const int64_t n_rows   = (int64_t) p.ne01*p.ne02*p.ne03;
+    std::vector<float>  vkq(n_slices*n_rows*D, NAN);
+    std::vector<float2> meta(n_slices*n_rows, float2{ NAN, NAN });
     p.VKQ  = vkq.data();
     p.meta = meta.data();
     emu_launch(dim3(g.gx, g.gy, g.gz), dim3(WARP_SIZE, TQ_FA_NWARPS, 1), [&] { tq_flash_attn_ext<D, ncols, TK, TV>(p); });
+    if (a.n_exact) {
+        // as ggml_cuda_turboq_fa_exact launches it (fattn-turboq-exact.cu, tq_fa_set_exact)
+        const std::vector<char> ek = fa_cache(a.exact_type, a.ek, D);
+        const std::vector<char> ev = fa_cache(a.exact_type, a.ev, D);
+        const int64_t row = ggml_row_size(a.exact_type, D);
+        tq_fa_params e = p;
+        e.K = ek.data(); e.V = ev.data(); e.mask = (const char *) a.emask.data();
+        e.ne11 = a.n_exact; e.ne12 = a.n_head_kv; e.ne13 = 1;
+        e.nb11 = row*a.n_head_kv; e.nb12 = row; e.nb13 = e.nb11*a.n_exact;
+        e.ne22 = a.n_head_kv; e.ne23 = 1;
+        e.nb21 = e.nb11; e.nb22 = e.nb12; e.nb23 = e.nb13;
+        e.ne32 = 1; e.ne33 = 1;
+        e.nb31 = (int64_t) a.n_exact*2; e.nb32 = e.nb31*a.n_q; e.nb33 = e.nb32;
+        const tq_fa_grid ge = tq_fa_exact_plan(e, ncols, a.n_exact, g.nsplit);
+        if (a.exact_type == GGML_TYPE_F16) {
+            emu_launch(dim3(ge.gx, ge.gy, ge.gz), dim3(WARP_SIZE, TQ_FA_NWARPS, 1),
+                       [&] { tq_flash_attn_ext<D, ncols, GGML_TYPE_F16, GGML_TYPE_F16>(e); });
+        } else {
+            emu_launch(dim3(ge.gx, ge.gy, ge.gz), dim3(WARP_SIZE, TQ_FA_NWARPS, 1),
+                       [&] { tq_flash_attn_ext<D, ncols, GGML_TYPE_F32, GGML_TYPE_F32>(e); });
+        }
+    }
     emu_launch(dim3((unsigned) n_rows), dim3(D), [&] {
         tq_flash_attn_ext_combine<D, tq_group(TV)>(vkq.data(), meta.data(), a.sinks.empty() ? nullptr : a.sinks.data(),
-                                                       dst.data(), n_rows, g.nsplit, a.n_head);
+                                                       dst.data(), n_rows, n_slices, a.n_head, g.nsplit);
     });
     fprintf(stderr, "fa: ncols %d (%d heads), grid %d x %d x %d, %d KV slices of %d\n", ncols, p.ncols2, g.gx, g.gy, g.gz,
             g.nsplit, g.kv_per_split);
@@ -446,10 +477,11 @@ static bool read_file(const char * path, void * dst, size_t n) {
 }
 
 // fa TYPE_K TYPE_V D N_HEAD N_HEAD_KV N_Q N_KV SOFTCAP MAX_BIAS RESIDENT q.f32 k.f32 v.f32 mask.f16|- sinks.f32|- out.f32
+//    [N_EXACT EXACT_TYPE ek.f32 ev.f32 emask.f16]   (exact rows: EXACT_TYPE 0 = f32, 1 = f16, as ggml's ids)
 static int fa_main(int argc, char ** argv) {
-    if (argc != 18) {
+    if (argc != 18 && argc != 23) {
         fprintf(stderr, "usage: %s fa TYPE_K TYPE_V D N_HEAD N_HEAD_KV N_Q N_KV SOFTCAP MAX_BIAS RESIDENT "
-                        "q.f32 k.f32 v.f32 mask.f16|- sinks.f32|- out.f32\n", argv[0]);
+                        "q.f32 k.f32 v.f32 mask.f16|- sinks.f32|- out.f32 [N_EXACT EXACT_TYPE ek.f32 ev.f32 emask.f16]\n", argv[0]);
         return 2;
     }
     const ggml_type tk = (ggml_type) atoi(argv[2]);
@@ -473,6 +505,19 @@ static int fa_main(int argc, char ** argv) {
     if (ok && strcmp(argv[16], "-") != 0) {
         a.sinks.resize(a.n_head);
         ok = read_file(argv[16], a.sinks.data(), a.sinks.size()*4);
+    }
+    if (ok && argc == 23) {
+        a.n_exact    = atoi(argv[18]);
+        a.exact_type = (ggml_type) atoi(argv[19]);
+        if (a.n_exact <= 0 || (a.exact_type != GGML_TYPE_F32 && a.exact_type != GGML_TYPE_F16)) {
+            fprintf(stderr, "bad exact rows: %d of type %d\n", a.n_exact, (int) a.exact_type);
+            return 2;
+        }
+        a.ek.resize((size_t) a.n_exact*a.n_head_kv*a.d);
+        a.ev.resize(a.ek.size());
+        a.emask.resize((size_t) a.n_q*a.n_exact);
+        ok = read_file(argv[20], a.ek.data(), a.ek.size()*4) && read_file(argv[21], a.ev.data(), a.ev.size()*4) &&
+             read_file(argv[22], a.emask.data(), a.emask.size()*2);
     }
     if (!ok) {
         return 2;
