@@ -78,11 +78,12 @@ def test_through_the_copy_a_window_over_the_whole_chunk_is_the_f16_cache(tiny128
     assert got.kld is not None and abs(got.kld) < 1e-6 and got.kld_p999 < 1e-4 and got.same_top == 100.0
 
 
-def decode_step_ops(model, env: dict[str, str]) -> list[str]:
-    """The ops of the last graph llama-completion computes (a one-token decode step), with the
-    tensors each writes, from the scheduler's debug listing (GGML_SCHED_DEBUG=2, -v)."""
-    r = subprocess.run([str(binary("llama-completion")), "-m", str(model), "-p", "Hello there", "-n", "2", "-no-cnv",
-                        "-fa", "on", "-t", "2", "-ctk", "turboq3", "-ctv", "turboq2", *window(16), "-v", "--temp", "0"],
+def decode_step_ops(model, text, env: dict[str, str]) -> list[str]:
+    """The ops of the last graph llama-perplexity computes in ubatches of one token (a decode
+    step), with the tensors each writes, from the scheduler's debug listing (GGML_SCHED_DEBUG=2, -v)."""
+    r = subprocess.run([str(binary("llama-perplexity")), "-m", str(model), "-f", str(text), "-c", "64", "-b", "64",
+                        "-ub", "1", "--chunks", "1", "-fa", "on", "-t", "2", "-ctk", "turboq3", "-ctv", "turboq2",
+                        *window(16), "-v"],
                        capture_output=True, env=tool_env({"GGML_SCHED_DEBUG": "2", **env}), stdin=subprocess.DEVNULL,
                        timeout=300)
     log = (r.stdout + r.stderr).decode(errors="replace")
@@ -91,14 +92,14 @@ def decode_step_ops(model, env: dict[str, str]) -> list[str]:
     return [line.split("node #", 1)[1] for line in last.splitlines() if "node #" in line]
 
 
-def test_a_decode_step_reads_the_window_without_copying_the_cache(tiny128):
+def test_a_decode_step_reads_the_window_without_copying_the_cache(tiny128, short_text):
     """The graph of a decode step whose window is read beside the cache, as the CPU reads it and a
     device whose flash attention takes the rows does (CUDA beside a turboq cache, patch 43): no
     CPY, PAD or CONCAT of the cache, only the small CONCATs of the ring's rows with the step's
     (measured on the tiny llama, 2 layers: 70 nodes; 86 through the copy, which converts each
     layer's K and V cache to F16, appends the rows and pads them)."""
-    beside = decode_step_ops(tiny128, {})
-    copy = decode_step_ops(tiny128, COPY)
+    beside = decode_step_ops(tiny128, short_text, {})
+    copy = decode_step_ops(tiny128, short_text, COPY)
     op = lambda node: node.split("(", 1)[1].split(")", 1)[0].strip()  # noqa: E731
     assert not [n for n in beside if op(n) in ("CPY", "PAD")], beside
     assert [op(n) for n in beside].count("CONCAT") == 4  # the ring's rows and the step's, K and V, 2 layers
