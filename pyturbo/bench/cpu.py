@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .. import data, exact_window
+from .. import data, exact_window, k_centering
 from ..tools import llama_perplexity, run_tool
 from ..layer_adaptive import policies, stored_type
 from ..memory import kv_geometry, window_bytes
@@ -36,9 +36,9 @@ SPEED_TYPES = ["f16", "q8_0", "q4_0", "turboq4", "turboq3", "q8_0/turboq3", "tur
 SPEED_RUNS = [["-p", "512,2048", "-n", "64"], ["-p", "512", "-n", "32", "-d", "4096"], ["-p", "0", "-n", "32", "-d", "{depth}"]]
 
 
-OPTIONS = {"uncentered": {"LLAMA_ARG_KV_K_CENTER": "off"},  # K centering (and its channel scale) off
-           "unscaled": {"LLAMA_ARG_KV_K_SCALE": "off"},  # K centering without the channel scale
-           "scaled": {"LLAMA_ARG_KV_K_SCALE": "on"},     # with it, whatever the calibration's trial chose
+OPTIONS = {"uncentered": {k_centering.ENV: "off"},      # K centering (and its channel scale) off
+           "unscaled": {k_centering.SCALE_ENV: "off"},  # K centering without the channel scale
+           "scaled": {k_centering.SCALE_ENV: "on"},     # with it, whatever the calibration's trial chose
            "onerow": {"TURBOQ_FA_TILED": "0"}}       # CPU flash attention without the quantized tiled path
 
 

@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import k_centering
 from .._paths import cache_dir
 from ..format import reference as ref
 from ..format import trellis
@@ -495,7 +496,7 @@ def run_table(chunks: list[dict[str, np.ndarray]], scale: float, seeds: list[int
 # ---- end to end: the same variants through llama-perplexity, where the C code has them ----
 
 # lab variant name -> (K type, V type, environment)
-_UNCENTERED, _UNSCALED = {"LLAMA_ARG_KV_K_CENTER": "off"}, {"LLAMA_ARG_KV_K_SCALE": "off"}
+_UNCENTERED, _UNSCALED = {k_centering.ENV: "off"}, {k_centering.SCALE_ENV: "off"}
 END_TO_END = {
     "q8_0": ("q8_0", "q8_0", {}),
     "q4_0": ("q4_0", "q4_0", {}),
