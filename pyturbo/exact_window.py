@@ -10,14 +10,16 @@ GGUF keys `key()` ("turboq.exact_window") and `margin_key()`: llama.cpp's tools 
 `--kv-exact-window W --kv-exact-window-margin M` (environment aliases LLAMA_ARG_KV_EXACT_WINDOW and
 LLAMA_ARG_KV_EXACT_WINDOW_MARGIN), llama-cpp-python with `kv_overrides`, pyturbo.Llama with
 `kv_exact_window=W, kv_exact_window_margin=M`, and `python -m server` with the same flags as
-llama.cpp's. With flash attention. A cache on Vulkan or an RPC server, and CUDA's prefill, read the
-window after an F16 copy of the cache's rows (the CPU, and CUDA's decode of a turboq cache, read
-the rows beside the cache).
+llama.cpp's. With flash attention. A cache on an RPC server, CUDA's prefill and a q8_0 or q4_0
+cache on a GPU read the window after an F16 copy of the cache's rows (the CPU, Vulkan beside a
+turboq cache, and CUDA's decode of a turboq cache read the rows beside the cache).
 
 Sink rows: the setting `sink_key()` ("turboq.exact_sink", `--kv-exact-sink S`, alias
 LLAMA_ARG_KV_EXACT_SINK, pyturbo.Llama's `kv_exact_sink=S`) keeps each sequence's first S positions
 in F16 as well, and every query reads them exact, with or without a window. On a dense model the
-first token's quantized K and V carry much of a 3-bit cache's error (docs/quality.md).
+first token's quantized K and V carry much of a 3-bit cache's error (docs/quality.md). Unset, or
+"auto" (-1 as the key's value), it is libllama's default: one row beside a cache with a turboq K or
+V (`sink_auto`), none beside others, and none in a layer whose device would read it after a copy.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from ._paths import library, llama_function
 ENV = "LLAMA_ARG_KV_EXACT_WINDOW"                # common's set_env alias of --kv-exact-window
 MARGIN_ENV = "LLAMA_ARG_KV_EXACT_WINDOW_MARGIN"  # and of --kv-exact-window-margin
 SINK_ENV = "LLAMA_ARG_KV_EXACT_SINK"              # and of --kv-exact-sink
+SINK_AUTO = -1                                    # turboq.exact_sink's auto (LLAMA_TURBOQ_EXACT_SINK_AUTO)
 
 
 @lru_cache(maxsize=1)
@@ -55,9 +58,27 @@ def sink_key() -> str:
     return llama_function("llama_turboq_exact_sink_key", C.c_char_p)().decode()
 
 
+def sink_auto(type_k: str, type_v: str) -> int:
+    """The sink rows that auto keeps per sequence beside a cache of these types (cache type names)
+    where they are read beside it (llama_turboq_exact_sink_auto: 1 with a turboq K or V)."""
+    from .types import requested_cache_type
+    fn = library("llama").llama_turboq_exact_sink_auto
+    fn.restype = C.c_uint32
+    fn.argtypes = [C.c_int, C.c_int]
+    return int(fn(requested_cache_type(type_k).ggml_id, requested_cache_type(type_v).ggml_id))
+
+
+def sink_count(sink: int | str | None, type_k: str, type_v: str) -> int:
+    """The sink rows per sequence that a setting (a count, or None / "auto" / -1) keeps beside a
+    cache of these types on the CPU."""
+    s = check_sink(SINK_AUTO if sink is None else sink)
+    return sink_auto(type_k, type_v) if s == SINK_AUTO else s
+
+
 def rows_per_sequence(w: int, margin: int | None = None, sink: int = 0) -> int:
     """F16 rows each window layer keeps per sequence for a window of w positions (0 for none), the
-    given margin (None: libllama's default) and sink rows (llama_turboq_exact_rows_per_seq)."""
+    given margin (None: libllama's default) and sink rows (a count: see sink_count for auto)
+    (llama_turboq_exact_rows_per_seq)."""
     if w <= 0 and sink <= 0:
         return 0
     fn = library("llama").llama_turboq_exact_rows_per_seq
@@ -87,9 +108,12 @@ def check_margin(m: int) -> int:
     return m
 
 
-def check_sink(s: int) -> int:
+def check_sink(s: int | str) -> int:
+    """A sink-row setting as the key's value: a count, or -1 for "auto" (or -1)."""
+    if s == "auto" or (isinstance(s, int) and not isinstance(s, bool) and s == SINK_AUTO):
+        return SINK_AUTO
     if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= max_positions():
-        raise ValueError(f"exact sink rows {s!r}: a number of positions, 0 (none) to {max_positions()}")
+        raise ValueError(f"exact sink rows {s!r}: a number of positions, 0 (none) to {max_positions()}, or 'auto'")
     return s
 
 

@@ -102,14 +102,15 @@ class Llama(llama_cpp.Llama):
     """llama_cpp.Llama with `cache_type_k`, `cache_type_v` (names), `layer_adaptive` (a mode's number or name),
     `kv_exact_window` (each sequence's last W positions read exact; pyturbo.exact_window),
     `kv_exact_window_margin` (positions kept beyond it for rollbacks; default 16), `kv_exact_sink`
-    (each sequence's first S positions read exact by every query), `k_center`
+    (each sequence's first S positions read exact by every query; default "auto": one row beside a
+    turboq cache, 0 for none), `k_center`
     (K centering of a turboq K cache; default on) and `k_scale` (its channel scale: "auto", the
     default, "on" or "off"; pyturbo.k_centering)."""
 
     def __init__(self, model_path: str, *args: Any, cache_type_k: str | CacheType | None = None,
                  cache_type_v: str | CacheType | None = None, layer_adaptive: int | str | None = None,
                  kv_exact_window: int | None = None, kv_exact_window_margin: int | None = None,
-                 kv_exact_sink: int | None = None, k_center: bool | None = None, k_scale: str | None = None,
+                 kv_exact_sink: int | str | None = None, k_center: bool | None = None, k_scale: str | None = None,
                  **kwargs: Any) -> None:
         tk = requested_cache_type(cache_type_k) if cache_type_k is not None else None
         tv = requested_cache_type(cache_type_v) if cache_type_v is not None else None
@@ -128,7 +129,7 @@ class Llama(llama_cpp.Llama):
         policy = _la.policies().get(layer_adaptive or 0)
         la_turboq = policy is not None and any(t in TURBOQ_TYPES for t in (policy.k_boundary, policy.v_boundary, policy.v_other))
         wants_turboq = kwargs.get("type_k") in turboq_ids or kwargs.get("type_v") in turboq_ids or la_turboq
-        if wants_turboq or kv_exact_window or kv_exact_sink:
+        if wants_turboq or kv_exact_window or (kv_exact_sink not in (None, "auto", _ew.SINK_AUTO) and kv_exact_sink):
             kwargs.setdefault("flash_attn", True)  # both need it
         self.cache_type_k = tk.name if tk else None
         self.cache_type_v = tv.name if tv else None
@@ -149,17 +150,19 @@ class Llama(llama_cpp.Llama):
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_kc.scale_override(k_scale)}
         overrides = kwargs.get("kv_overrides") or {}
         self.kv_exact_window = kv_exact_window or int(overrides.get(_ew.key(), 0))
-        self.kv_exact_sink = kv_exact_sink or int(overrides.get(_ew.sink_key(), 0))
+        self.kv_exact_sink = _ew.check_sink(kv_exact_sink) if kv_exact_sink is not None else \
+            int(overrides.get(_ew.sink_key(), _ew.SINK_AUTO))  # -1: auto
         verbose = kwargs.get("verbose", True)
         with creating_context(verbose=verbose):
             super().__init__(model_path, *args, **kwargs)
 
     def eval(self, tokens: Any) -> None:
-        """llama_cpp.Llama.eval; with an exact window, a prefix that llama-cpp-python reuses is
-        processed again when the window no longer holds its last positions (an answer longer than
-        the window's margin pushed them out), so that the tokens after it read them exact, as a
-        fresh context would, and get the same logits."""
-        super().eval(window_tokens(self, tokens) if self.kv_exact_window or self.kv_exact_sink else tokens)
+        """llama_cpp.Llama.eval; with an exact window or sink rows, a prefix that llama-cpp-python
+        reuses is processed again when they no longer hold its positions (an answer longer than the
+        window's margin pushed them out), so that the tokens after it read them exact, as a fresh
+        context would, and get the same logits. Asked of libllama on every call: sink rows are on
+        by default beside a turboq cache."""
+        super().eval(window_tokens(self, tokens))
 
     def save_state(self) -> llama_cpp.LlamaState:
         """llama_cpp.Llama.save_state, plus a SHA-256 of the state bytes that load_state checks:

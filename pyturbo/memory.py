@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import exact_window
+from . import exact_window as _ew
 from .layer_adaptive import boundary_layers, needs_gains, policies, stored_type
 
 KV_PAD = 256
@@ -67,7 +67,7 @@ def _pad(n: int) -> int:
 def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16",
              layer_adaptive: int = 0, n_seq: int = 1, n_ubatch: int = 512, swa_full: bool = False,
              n_stream: int = 1, upper_bound: bool = False, exact_window: int = 0,
-             exact_window_margin: int | None = None, exact_sink: int = 0) -> int:
+             exact_window_margin: int | None = None, exact_sink: int | str = 0) -> int:
     """Bytes of K and V that llama.cpp allocates for this model and context.
 
     swa_full: sliding-window layers keep all n_ctx cells (llama.cpp's --swa-full; llama-cpp-python's
@@ -81,15 +81,21 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     exact_window: W of --kv-exact-window; each layer with a quantized K or V then also holds F16
     rows of K and V, rows_per_sequence(W, exact_window_margin) per sequence plus one, whatever the
     streams (exact_window_margin: --kv-exact-window-margin; None: the default); exact_sink: S of
-    --kv-exact-sink, S more such rows per sequence.
+    --kv-exact-sink, S more such rows per sequence; "auto" (or -1: llama.cpp's default when the
+    setting is not given) counts auto's rows (exact_window.sink_count; none on an MLA model), for a
+    cache on the CPU (auto keeps none in a layer whose device would read them through a copy). The
+    default 0 counts the cache alone, as llama.cpp's "llama_kv_cache: size" line does.
     """
-    if exact_window or exact_sink:
+    sink = _ew.check_sink(exact_sink)  # _ew: kv_bytes' argument exact_window shadows the module's name
+    if sink == _ew.SINK_AUTO:
+        sink = 0 if kv_geometry(model).mla else _ew.sink_count(sink, cache_type_k, cache_type_v)
+    if exact_window or sink:
         return kv_bytes(model, n_ctx, cache_type_k, cache_type_v, layer_adaptive, n_seq, n_ubatch, swa_full,
-                        n_stream, upper_bound) + window_bytes(model, cache_type_k, cache_type_v, layer_adaptive,
-                                                               n_seq, exact_window, exact_window_margin, exact_sink)
+                        n_stream, upper_bound, exact_sink=0) + window_bytes(model, cache_type_k, cache_type_v, layer_adaptive,
+                                                                            n_seq, exact_window, exact_window_margin, sink)
     if n_stream > 1:
         return n_stream * kv_bytes(model, n_ctx // n_stream, cache_type_k, cache_type_v, layer_adaptive,
-                                   max(1, n_seq // n_stream), n_ubatch, swa_full, upper_bound=upper_bound)
+                                   max(1, n_seq // n_stream), n_ubatch, swa_full, upper_bound=upper_bound, exact_sink=0)
     g = kv_geometry(model)
     cells_full = _pad(n_ctx)
     cells_swa = (cells_full if swa_full else min(cells_full, _pad(g.n_swa * n_seq + n_ubatch))) if g.n_swa else 0
@@ -131,7 +137,7 @@ def window_bytes(model: str | Path, cache_type_k: str, cache_type_v: str, layer_
     policy = policies().get(layer_adaptive) if layer_adaptive else None
     boundary = boundary_layers(layer_adaptive, g.n_layer, [1] * g.n_layer) if policy and not policy.k_gain_div else \
         [False] * g.n_layer
-    rows = n_seq * exact_window.rows_per_sequence(w, margin, sink) + 1
+    rows = n_seq * _ew.rows_per_sequence(w, margin, sink) + 1
     total = 0
     for il in range(g.n_layer):
         tk, tv = policy.types(boundary[il], cache_type_k, cache_type_v) if policy else (cache_type_k, cache_type_v)

@@ -182,3 +182,32 @@ def continuation(llm, first: int, n: int = 6) -> tuple[list[int], list[np.ndarra
         logits.append(llm.scores[llm.n_tokens - 1].copy())
         tokens.append(int(np.argmax(logits[-1])))
     return tokens, logits
+
+
+def decode_step_ops(exe: Path, model: Path, text: Path, env: dict[str, str], extra: tuple[str, ...] = ()) -> list[str]:
+    """The ops of the last graph that llama-perplexity (exe, run with env) computes in ubatches of one
+    token (a decode step) with a turboq3/turboq2 cache and a window of 16, with the tensors each
+    writes, from the scheduler's debug listing (GGML_SCHED_DEBUG=2, -v)."""
+    r = subprocess.run([str(exe), "-m", str(model), "-f", str(text), "-c", "64", "-b", "64", "-ub", "1", "--chunks", "1",
+                        "-fa", "on", "-t", "2", "-ctk", "turboq3", "-ctv", "turboq2", "--kv-exact-window", "16", *extra, "-v"],
+                       capture_output=True, env={**env, "GGML_SCHED_DEBUG": "2"}, stdin=subprocess.DEVNULL, timeout=600)
+    log = (r.stdout + r.stderr).decode(errors="replace")
+    assert r.returncode == 0, log[-3000:]
+    last = log.split("## SPLIT #0")[-1]
+    return [line.split("node #", 1)[1] for line in last.splitlines() if "node #" in line]
+
+
+def assert_reads_beside(beside: list[str], copy: list[str], backend: str) -> None:
+    """A decode step of the tiny llama (2 layers) whose window is read beside the cache (beside) and
+    the same through the F16 copy (copy), from decode_step_ops: beside, no CPY or PAD, only the
+    CONCATs of the ring's rows with the step's (K and V, per layer), and two flash-attention nodes,
+    which run on `backend` (the scheduler's listing shows its first 5 letters: the cache's device);
+    through the copy, each layer's whole K and V cache converted (so the check can tell them apart)."""
+    op = lambda node: node.split("(", 1)[1].split(")", 1)[0].strip()  # noqa: E731
+    assert not [n for n in beside if op(n) in ("CPY", "PAD")], beside
+    assert [op(n) for n in beside].count("CONCAT") == 4, beside
+    attn = [n for n in beside if op(n) == "FLASH_ATTN"]
+    assert len(attn) == 2 and all(n.split("[", 1)[1].split("]", 1)[0].strip() == backend[:5] for n in attn), attn
+    assert sum(op(n) == "CPY" and "cache_k_l" in n for n in copy) == 2, copy
+    assert sum(op(n) == "CPY" and "cache_v_l" in n for n in copy) == 2, copy
+    assert len(copy) > len(beside)

@@ -3,13 +3,12 @@ read exact from F16 rows kept beside a quantized cache, in llama.cpp's tools, py
 the server; the same answer however the tokens arrive, and a clear error where it cannot run."""
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from pyturbo import data
 from pyturbo.tools import binary, llama_perplexity as perplexity, run_tool, tool_env
-from helpers import assert_state_refused, free_port, post, server_cmd, start, stop, wait_healthy
+from helpers import (assert_reads_beside, assert_state_refused, decode_step_ops, free_port, post, server_cmd, start,
+                     stop, wait_healthy)
 
 
 def window(w: int) -> tuple[str, ...]:
@@ -26,7 +25,8 @@ def test_one_ubatch_reads_what_the_debug_tail_reads(build_info, short_text, tmp_
     perplexity(gemma, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
     plain = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=3, kld_base=base)
     tail = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=3, kld_base=base, env={"TURBOQ_EXACT_TAIL": "16"})
-    win = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=3, kld_base=base, extra=window(16))
+    # the tail has no sink row (auto keeps none beside it): neither has the window here
+    win = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=3, kld_base=base, extra=(*window(16), *sink(0)))
     assert (win.ppl, win.kld, win.kld_p999) == (tail.ppl, tail.kld, tail.kld_p999)
     assert win.kld <= 0.5 * plain.kld, (win.kld, plain.kld)
 
@@ -38,10 +38,13 @@ def test_the_window_crosses_ubatches(tiny128, short_text, ubatch):
     ubatches from the ring:
     the tiny llama (unquantized weights, so no 8-bit activations amplify the rounding) gives the
     perplexity of one ubatch per chunk to 6 digits, and not that of the cache without a window.
-    Measured: 395.3971 for every ubatch size, 397.1750 without the window."""
-    one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=window(16))
-    split = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*window(16), "-ub", ubatch))
-    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=("-ub", ubatch))
+    Measured: 395.3971 for every ubatch size, 397.1750 without the window. Without the default sink
+    row, whose ubatch splits test_sink_rows_cross_ubatches checks (with it the one-token split
+    moved by 1.3e-6)."""
+    one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*window(16), *sink(0)))
+    split = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3,
+                       extra=(*window(16), *sink(0), "-ub", ubatch))
+    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*sink(0), "-ub", ubatch))
     assert split.ppl == pytest.approx(one.ppl, rel=1e-6)
     assert abs(plain.ppl - one.ppl) > 1e-3 * one.ppl
 
@@ -78,36 +81,16 @@ def test_through_the_copy_a_window_over_the_whole_chunk_is_the_f16_cache(tiny128
     assert got.kld is not None and abs(got.kld) < 1e-6 and got.kld_p999 < 1e-4 and got.same_top == 100.0
 
 
-def decode_step_ops(model, text, env: dict[str, str]) -> list[str]:
-    """The ops of the last graph llama-perplexity computes in ubatches of one token (a decode
-    step), with the tensors each writes, from the scheduler's debug listing (GGML_SCHED_DEBUG=2, -v)."""
-    r = subprocess.run([str(binary("llama-perplexity")), "-m", str(model), "-f", str(text), "-c", "64", "-b", "64",
-                        "-ub", "1", "--chunks", "1", "-fa", "on", "-t", "2", "-ctk", "turboq3", "-ctv", "turboq2",
-                        *window(16), "-v"],
-                       capture_output=True, env=tool_env({"GGML_SCHED_DEBUG": "2", **env}), stdin=subprocess.DEVNULL,
-                       timeout=300)
-    log = (r.stdout + r.stderr).decode(errors="replace")
-    assert r.returncode == 0, log[-3000:]
-    last = log.split("## SPLIT #0")[-1]
-    return [line.split("node #", 1)[1] for line in last.splitlines() if "node #" in line]
-
-
 def test_a_decode_step_reads_the_window_without_copying_the_cache(tiny128, short_text):
     """The graph of a decode step whose window is read beside the cache, as the CPU reads it and a
     device whose flash attention takes the rows does (CUDA beside a turboq cache, patch 43): no
     CPY, PAD or CONCAT of the cache, only the small CONCATs of the ring's rows with the step's
     (measured on the tiny llama, 2 layers: 70 nodes; 86 through the copy, which converts each
     layer's K and V cache to F16, appends the rows and pads them)."""
-    beside = decode_step_ops(tiny128, short_text, {})
-    copy = decode_step_ops(tiny128, short_text, COPY)
-    op = lambda node: node.split("(", 1)[1].split(")", 1)[0].strip()  # noqa: E731
-    assert not [n for n in beside if op(n) in ("CPY", "PAD")], beside
-    assert [op(n) for n in beside].count("CONCAT") == 4  # the ring's rows and the step's, K and V, 2 layers
-    assert [op(n) for n in beside].count("FLASH_ATTN") == 2
-    # and the test can tell: through the copy each layer converts its whole K and V cache
-    assert sum(op(n) == "CPY" and "cache_k_l" in n for n in copy) == 2
-    assert sum(op(n) == "CPY" and "cache_v_l" in n for n in copy) == 2
-    assert len(copy) > len(beside)
+    exe = binary("llama-perplexity")
+    beside = decode_step_ops(exe, tiny128, short_text, tool_env())
+    copy = decode_step_ops(exe, tiny128, short_text, tool_env(COPY))
+    assert_reads_beside(beside, copy, "CPU")
     print(f"\ndecode step nodes: {len(beside)} beside the cache, {len(copy)} through the copy")
 
 
@@ -178,7 +161,10 @@ def test_sequence_operations_keep_the_window_right(Llama, tiny128, short_text):
     pass's bits (also where the window's rows wrap around the ring), and the cache says it can
     continue; rolling back more cannot be continued as if
     fresh (the rows before it are gone from the ring), and says so. A context shift, a copied
-    sequence and a kept one still give finite logits."""
+    sequence and a kept one still give finite logits. Without the default sink row: these cut points
+    are ones where the two passes' batches take the same kernel paths; with one more exact row the
+    tiles group the rows differently and the second cut moved by 4.8e-7 (re-processing in another
+    batch shape is not bit-identical in the tiled turboq path, with or without exact rows)."""
     import ctypes
 
     import numpy as np
@@ -189,8 +175,8 @@ def test_sequence_operations_keep_the_window_right(Llama, tiny128, short_text):
     can_continue.restype = ctypes.c_bool
     can_continue.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
 
-    llm = Llama(str(tiny128), cache_type_k="turboq3", cache_type_v="turboq2", kv_exact_window=8, n_ctx=256,
-                n_batch=256, n_seq_max=2, flash_attn=True, verbose=False, logits_all=True)
+    llm = Llama(str(tiny128), cache_type_k="turboq3", cache_type_v="turboq2", kv_exact_window=8, kv_exact_sink=0,
+                n_ctx=256, n_batch=256, n_seq_max=2, flash_attn=True, verbose=False, logits_all=True)
     toks = llm.tokenize(short_text.read_text()[:2000].encode())[:60]
     llm.eval(toks)
     first = llm.scores[59].copy()
@@ -252,11 +238,13 @@ def test_the_window_counts_its_bytes(build_info):
     from pyturbo.memory import kv_bytes
 
     assert exact_window.rows_per_sequence(16) == 32 and exact_window.rows_per_sequence(0) == 0
-    env = parse_config("turboq3:win16")[3]
-    assert config_bpw(18, "turboq3", "turboq3", env, 8192) == pytest.approx(3.125 + 16 * 32 / 8192)
+    env = parse_config("turboq3:win16")[3]  # and auto's sink row: 16 + 16 + 1 rows
+    assert config_bpw(18, "turboq3", "turboq3", env, 8192) == pytest.approx(3.125 + 16 * 33 / 8192)
     env = parse_config("turboq3:win16m0")[3]
     assert env == {exact_window.ENV: "16", exact_window.MARGIN_ENV: "0"}
-    assert config_bpw(18, "turboq3", "turboq3", env, 8192) == pytest.approx(3.125 + 16 * 16 / 8192)
+    assert config_bpw(18, "turboq3", "turboq3", env, 8192) == pytest.approx(3.125 + 16 * 17 / 8192)
+    assert config_bpw(18, "turboq3", "turboq3", parse_config("turboq3:win16m0:sink0")[3], 8192) == \
+        pytest.approx(3.125 + 16 * 16 / 8192)
     for bad in ("turboq3:win16m", "turboq3:winm4", "turboq3:win16m4097"):
         with pytest.raises(SystemExit, match="unknown option"):
             parse_config(bad)
@@ -406,7 +394,7 @@ def test_sink_rows_cross_ubatches(tiny128, short_text, ubatch):
         one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=extra)
         split = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*extra, "-ub", ubatch))
         assert split.ppl == pytest.approx(one.ppl, rel=2e-5), extra
-    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=("-ub", ubatch))
+    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*sink(0), "-ub", ubatch))
     alone = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=sink(4))
     assert abs(plain.ppl - alone.ppl) > 1e-4 * alone.ppl, (plain.ppl, alone.ppl)
 
@@ -452,7 +440,7 @@ def test_sink_rows_keep_decode_state_and_sequences_right(Llama, tiny128, short_t
     for t in toks[20:]:
         steps.eval([t])
     np.testing.assert_allclose(steps.scores[47], want, rtol=0, atol=1e-4)  # other batch shapes, other sums
-    plain = make(None)
+    plain = make(0)
     plain.eval(toks)
     assert float(np.abs(plain.scores[47] - want).max()) > 1e-3  # the sinks are read exact
 
@@ -466,14 +454,14 @@ def test_sink_rows_keep_decode_state_and_sequences_right(Llama, tiny128, short_t
     b.eval(toks[40:])
     np.testing.assert_array_equal(b.scores[47], a.scores[47])
     assert_state_refused(make(4), state, r"the state keeps 2 sink rows per sequence, this cache 4 \(turboq.exact_sink\)")
-    assert_state_refused(make(None), state, r"saved with exact sink rows \(turboq.exact_sink\)")
+    assert_state_refused(make(0), state, r"saved with exact sink rows \(turboq.exact_sink\)")
 
     assert can_continue(a._ctx.ctx, 0, 48)
     a._ctx.kv_cache_seq_rm(0, 1, 2)
     assert not can_continue(a._ctx.ctx, 0, 48)
 
 
-@pytest.mark.parametrize("bad", ["-1", "4097", "x"])
+@pytest.mark.parametrize("bad", ["-2", "4097", "x"])
 def test_bad_sink_rows_are_refused_by_the_tools_python_and_the_server(Llama, tiny128, short_text, bad):
     import subprocess
     import sys
@@ -491,16 +479,18 @@ def test_bad_sink_rows_are_refused_by_the_tools_python_and_the_server(Llama, tin
 
 
 def test_sink_rows_reach_every_engine_and_count_their_bytes(tiny128, capfd):
-    """--kv-exact-sink reaches llama-server as its argument (also 0, which beats the GGUF's) and the
-    python engine as the model's kv override; llama-bench reads its alias; the rows count S per
-    sequence in pyturbo.memory and the benches' bits per value."""
+    """--kv-exact-sink reaches llama-server as its argument (also 0, which beats the GGUF's; not at
+    all when unset, so that libllama's auto stands) and the python engine as the model's kv
+    override; llama-bench reads its alias; the rows count S per sequence in pyturbo.memory and the
+    benches' bits per value, and auto's one beside a turboq cache (none beside q8_0) when asked."""
     from pyturbo import exact_window
     from pyturbo.bench.cpu import config_bpw, parse_config
     from pyturbo.memory import kv_bytes
     from pyturbo.server import python_engine
     from pyturbo.server.llama_server import LaunchSpec
 
-    argv = LaunchSpec("m.gguf", "turboq3", "turboq3", 0, 4096, 1, "127.0.0.1", 8080, "m").argv()
+    assert "--kv-exact-sink" not in LaunchSpec("m.gguf", "turboq3", "turboq3", 0, 4096, 1, "127.0.0.1", 8080, "m").argv()
+    argv = LaunchSpec("m.gguf", "turboq3", "turboq3", 0, 4096, 1, "127.0.0.1", 8080, "m", kv_exact_sink=0).argv()
     assert argv[argv.index("--kv-exact-sink") + 1] == "0"
     argv = LaunchSpec("m.gguf", "turboq3", "turboq3", 0, 4096, 1, "127.0.0.1", 8080, "m", kv_exact_sink=4).argv()
     assert argv[argv.index("--kv-exact-sink") + 1] == "4"
@@ -522,6 +512,12 @@ def test_sink_rows_reach_every_engine_and_count_their_bytes(tiny128, capfd):
     env = parse_config("turboq3:sink1")[3]
     assert env == {exact_window.SINK_ENV: "1"}
     assert config_bpw(18, "turboq3", "turboq3", env, 512) == pytest.approx(3.125 + 16 * 1 / 512)
+    assert config_bpw(18, "turboq3", "turboq3", {}, 512) == pytest.approx(3.125 + 16 * 1 / 512)  # auto's row
+    assert config_bpw(18, "turboq3", "turboq3", parse_config("turboq3:sink0")[3], 512) == pytest.approx(3.125)
+    assert config_bpw(18, "q8_0", "q8_0", {}, 512) == pytest.approx(8.5)
     gemma = data.default_model()
     extra = kv_bytes(gemma, 4096, "turboq3", "turboq3", n_seq=2, exact_sink=4) - kv_bytes(gemma, 4096, "turboq3", "turboq3", n_seq=2)
     assert extra == 18 * (2 * 4 + 1) * (256 + 256) * 2  # 18 layers, 2 sequences of 4 rows and the spare, F16 K and V
+    auto = kv_bytes(gemma, 4096, "turboq3", "turboq3", n_seq=2, exact_sink="auto") - kv_bytes(gemma, 4096, "turboq3", "turboq3", n_seq=2)
+    assert auto == 18 * (2 * 1 + 1) * (256 + 256) * 2
+    assert kv_bytes(gemma, 4096, "q8_0", "q8_0", exact_sink="auto") == kv_bytes(gemma, 4096, "q8_0", "q8_0")

@@ -230,8 +230,10 @@ def kld_runs(model, text, base_dir, label: str, types: list[str], ctx: int, chun
 def smollm2_runs(smollm2, short_text, tmp_path_factory):
     base_dir = tmp_path_factory.mktemp("kld-smol")
     out = kld_runs(smollm2, short_text, base_dir, "smollm2-135m", SMOL_TYPES, 256, 6)
-    for name, extra in [("turboq3 sink1", ("--kv-exact-sink", "1")), ("turboq3 scaled", ("--kv-k-scale", "on")),
-                        ("turboq3 unscaled", ("--kv-k-scale", "off")),
+    # SMOL_TYPES' turboq runs keep auto's sink row (the default beside a turboq cache)
+    for name, extra in [("turboq3 sink1", ("--kv-exact-sink", "1")), ("turboq3 sink0", ("--kv-exact-sink", "0")),
+                        ("turboq3 sink0 scaled", ("--kv-exact-sink", "0", "--kv-k-scale", "on")),
+                        ("turboq3 sink0 unscaled", ("--kv-exact-sink", "0", "--kv-k-scale", "off")),
                         ("turboq3 sink1 unscaled", ("--kv-exact-sink", "1", "--kv-k-scale", "off")),
                         ("turboq3 sink1 scaled", ("--kv-exact-sink", "1", "--kv-k-scale", "on"))]:
         out[name] = perplexity(smollm2, short_text, "turboq3", "turboq3", ctx=256, chunks=6,
@@ -260,8 +262,13 @@ def test_sink_rows_halve_turboq3s_error_on_a_dense_model(smollm2_runs):
     """Every layer of SmolLM2 reads the whole cache, and nearly every query attends to the first
     token (the attention sink), so its quantized K and V weigh on every position: one sink row
     kept exact (--kv-exact-sink 1) cuts turboq3's KLD to about half (measured at c=512 x 20:
-    0.1679 -> 0.0748, 3.37x -> 1.50x q4_0). Fails if the sink row is not read, or not exact."""
-    assert smollm2_runs["turboq3 sink1"].kld <= 0.7 * smollm2_runs["turboq3"].kld
+    0.1679 -> 0.0748, 3.37x -> 1.50x q4_0). It is the default (auto) beside a turboq cache: plain
+    turboq3 keeps it, bit for bit as --kv-exact-sink 1, and --kv-exact-sink 0 drops it. Fails if
+    the sink row is not read, or not exact, or auto keeps none."""
+    r = smollm2_runs
+    assert r["turboq3 sink1"].kld <= 0.7 * r["turboq3 sink0"].kld
+    assert r["turboq3"].ppl == r["turboq3 sink1"].ppl and r["turboq3"].kld == r["turboq3 sink1"].kld
+    assert "turboq.exact_sink=auto, the default beside a turboq cache" in r["turboq3"].log, r["turboq3"].log[-3000:]
 
 
 @pytest.mark.slow
@@ -274,11 +281,12 @@ def test_the_calibration_chooses_the_channel_scale_that_helps_the_model(smollm2_
     the setting it chose, and the lower KLD of the two. Fails if auto ignores the trial (it was on
     everywhere before), or the trial ignores the sink setting."""
     r = smollm2_runs
-    assert "the channel scale is off (turboq.k_scale=auto" in r["turboq3"].log, r["turboq3"].log[-3000:]
+    assert "the channel scale is off (turboq.k_scale=auto" in r["turboq3 sink0"].log, r["turboq3 sink0"].log[-3000:]
     assert "the channel scale is on (turboq.k_scale=auto" in r["turboq3 sink1"].log
-    assert r["turboq3"].ppl == r["turboq3 unscaled"].ppl and r["turboq3"].kld == r["turboq3 unscaled"].kld
+    assert "the channel scale is on (turboq.k_scale=auto" in r["turboq3"].log  # auto's sink row
+    assert r["turboq3 sink0"].ppl == r["turboq3 sink0 unscaled"].ppl and r["turboq3 sink0"].kld == r["turboq3 sink0 unscaled"].kld
     assert r["turboq3 sink1"].ppl == r["turboq3 sink1 scaled"].ppl and r["turboq3 sink1"].kld == r["turboq3 sink1 scaled"].kld
-    assert r["turboq3"].kld < r["turboq3 scaled"].kld
+    assert r["turboq3 sink0"].kld < r["turboq3 sink0 scaled"].kld
     assert r["turboq3 sink1"].kld < r["turboq3 sink1 unscaled"].kld
 
 

@@ -412,9 +412,10 @@ def test_bench_config_options_combine():
 def test_bench_counts_an_exact_tail_in_bits_per_value():
     """W f16 positions of ctx instead of the type's bits, for K and V (the K/V lab's count)."""
     from pyturbo.bench.cpu import config_bpw
-    assert config_bpw(18, "turboq3", "turboq3", {}, 512) == 3.125
-    assert config_bpw(30, "turboq3", "turboq3", {}, 512, 64, 64) == 3.25  # head_dim 64: the _g64 twins
-    assert config_bpw(32, "turboq3", "turboq4", {}, 512, 96, 96) == 4.0  # head_dim 96: the _g32 twins, 3.5 and 4.5
+    none = {"LLAMA_ARG_KV_EXACT_SINK": "0"}  # no sink row (auto keeps one beside a turboq cache, none beside a tail)
+    assert config_bpw(18, "turboq3", "turboq3", none, 512) == 3.125
+    assert config_bpw(30, "turboq3", "turboq3", none, 512, 64, 64) == 3.25  # head_dim 64: the _g64 twins
+    assert config_bpw(32, "turboq3", "turboq4", none, 512, 96, 96) == 4.0  # head_dim 96: the _g32 twins, 3.5 and 4.5
     assert config_bpw(18, "turboq3", "turboq3", {"TURBOQ_EXACT_TAIL": "16"}, 512) == pytest.approx(3.125 + 12.875 * 16 / 512)
     assert config_bpw(18, "turboq3", "turboq3", {"TURBOQ_EXACT_TAIL": "16"}, 8192) == pytest.approx(3.150, abs=5e-4)
     assert config_bpw(18, "q4_0", "q4_0", {"TURBOQ_EXACT_TAIL": "1024"}, 512) == 16

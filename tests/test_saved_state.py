@@ -28,11 +28,11 @@ def tiny(build_info):
     return str(data.tiny_model())
 
 
-def make(Llama, path, k, v, la=None, window=None):
+def make(Llama, path, k, v, la=None, window=None, sink=None):
     # logits_all: llama-cpp-python keeps no logits in `scores` otherwise, and the continuations
     # below would compare rows of zeros
-    return Llama(path, cache_type_k=k, cache_type_v=v, layer_adaptive=la, kv_exact_window=window, n_ctx=256,
-                 n_batch=256, flash_attn=True, verbose=False, seed=1, logits_all=True)
+    return Llama(path, cache_type_k=k, cache_type_v=v, layer_adaptive=la, kv_exact_window=window, kv_exact_sink=sink,
+                 n_ctx=256, n_batch=256, flash_attn=True, verbose=False, seed=1, logits_all=True)
 
 
 @pytest.mark.slow
@@ -93,10 +93,11 @@ def test_python_state_with_an_exact_window_into_a_context_without_one_is_refused
     import llama_cpp
     from pyturbo.llama import captured_log
     path = tiny if model == "tiny" else str(data.default_model())
-    a = make(Llama, path, "turboq3", "turboq3", window=8)
+    # without the default sink row, whose refusal names both settings (test_exact_window.py)
+    a = make(Llama, path, "turboq3", "turboq3", window=8, sink=0)
     a.eval(a.tokenize(PROMPT.encode()))
     state = a.save_state()
-    b = make(Llama, path, "turboq3", "turboq3")
+    b = make(Llama, path, "turboq3", "turboq3", sink=0)  # no exact rows at all
     b.eval(b.tokenize(b"Another text, another cache."))
     assert_state_refused(b, state, r"saved with an exact window of 8 positions \(turboq.exact_window=8\), "
                                    r"and this context has none")
@@ -182,11 +183,12 @@ def complete(url: str, prompt: str, n: int = 8, probs: bool = False, **fields) -
 
 class SlotServer:
     def __init__(self, k: str, v: str, slots, la: int = 0, model: str | None = None, *extra: str,
-                 window: int = 0) -> None:
+                 window: int = 0, sink: int | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = start(server_cmd("llama-server", self.port, "-ctk", k, "-ctv", v, "--layer-adaptive", str(la),
                                      *(["--model", model] if model else []), "--kv-exact-window", str(window),
+                                     *(["--kv-exact-sink", str(sink)] if sink is not None else []),
                                      "--n-ctx", "512", "--parallel", "1", "--", "--slot-save-path", str(slots), *extra))
         try:
             wait_healthy(self.url, self.proc)
@@ -268,13 +270,13 @@ def test_slot_files_are_refused_when_they_do_not_fit(build_info, tmp_path):
 def test_slot_file_with_an_exact_window_into_a_server_without_one_is_refused(tiny, tmp_path):
     """A slot saved by a server with --kv-exact-window, restored by one without: 400, the log
     names the window (it said the file was truncated or corrupt), and the server goes on."""
-    a = SlotServer("turboq3", "turboq3", tmp_path, 0, tiny, window=8)
+    a = SlotServer("turboq3", "turboq3", tmp_path, 0, tiny, window=8, sink=0)  # the window alone
     try:
         complete(a.url, PROMPT)
         assert a.slot("save", "w.bin")[0] == 200
     finally:
         a.close()
-    b = SlotServer("turboq3", "turboq3", tmp_path, 0, tiny)
+    b = SlotServer("turboq3", "turboq3", tmp_path, 0, tiny, sink=0)  # no exact rows at all
     try:
         counting = complete(b.url, "1, 2, 3, 4, 5,", 3, cache_prompt=False)
         status, body = b.slot("restore", "w.bin")

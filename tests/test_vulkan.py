@@ -3,7 +3,8 @@
 test-backend-ops compares every turboq case on Vulkan0 with the CPU backend (its own NMSE
 tolerances), the _g64, _g32 and _g16 twins' and the trellis types' included, and llama-perplexity -ngl 99
 with turboq3 K/V must give the CPU's logits at head sizes 128, 64, 96 and 80, as must turboq3t and turboq2t
-at 128, and the exact window, which a cache on Vulkan0 reads after an F16 copy of its rows.
+at 128, and the exact window, whose rows a cache on Vulkan0 reads beside it (one more split of the
+flash-attention shader) or, where a debug switch forces it, after an F16 copy of its rows.
 
 build-vulkan/ comes from scripts/setup_vulkan.sh, which scripts/test.sh runs. Without it these
 tests skip, except under CI (CI=true) or PYTURBO_REQUIRE_VULKAN=1, where they fail: a run that did
@@ -27,7 +28,7 @@ from pyturbo._paths import build_dirs, cache_dir, tool_env
 from pyturbo.format import reference
 from pyturbo.tools import llama_perplexity as perplexity
 from pyturbo.types import cache_type
-from helpers import special_groups
+from helpers import assert_reads_beside, decode_step_ops, special_groups
 
 pytestmark = pytest.mark.vulkan
 
@@ -235,9 +236,11 @@ def test_mla_cache_and_attention_on_vulkan_give_the_cpu_cache_logits(vk_bin, tmp
 
 def test_the_exact_window_on_vulkan_gives_the_cpu_cache_logits(vk_bin, tmp_path, monkeypatch):
     """A window of 16 with the cache on Vulkan0, in ubatches of 64 (so each layer reads the ring that
-    lives there too): each layer reads its window after an F16 copy of the cache's rows, and the
-    logits are those of the same build with the cache kept on the CPU, which reads the rows beside
-    (measured: KLD 3e-6 at one ubatch per chunk); without the window they are not (5.9e-4)."""
+    lives there too): each layer reads its window beside the cache (turboq_fa_exact.comp, one more
+    split of the flash attention), and the logits are those of the same build with the cache kept
+    on the CPU, which reads the rows beside too; so are they through the F16 copy that
+    TURBOQ_WINDOW_COPY forces (the path a q8_0 cache with a window takes); without the window
+    they are not (5.9e-4)."""
     monkeypatch.setenv("PYTURBO_BUILD_DIR", str(VK_BUILD))
     for k, v in vk_env().items():
         monkeypatch.setenv(k, v)
@@ -247,14 +250,38 @@ def test_the_exact_window_on_vulkan_gives_the_cpu_cache_logits(vk_bin, tmp_path,
     base = tmp_path / "cpu-cache.kld"
     cpu = perplexity(model, text, "turboq3", "turboq2", kld_base=base, write_base=True, extra=(*win, "--no-kv-offload"), **run)
     vk = perplexity(model, text, "turboq3", "turboq2", kld_base=base, extra=win, **run)
+    monkeypatch.setenv("TURBOQ_WINDOW_COPY", "1")
+    vk_copy = perplexity(model, text, "turboq3", "turboq2", kld_base=base, extra=win, **run)
+    monkeypatch.delenv("TURBOQ_WINDOW_COPY")
     plain = perplexity(model, text, "turboq3", "turboq2", kld_base=base, extra=("-ngl", "99", "-ub", "64"), **run)
     assert "Vulkan0 KV buffer size" in vk.log and "Vulkan0 KV buffer size" not in cpu.log, vk.log[-3000:]
-    assert "F16 rows after an F16 copy of the cache" in vk.log and "F16 rows beside the cache" in cpu.log
-    print(f"\nwindow 16: PPL cache on CPU {cpu.ppl:.4f} | on Vulkan0 {vk.ppl:.4f} (KLD {vk.kld:.3g}) | no window {plain.ppl:.4f} "
-          f"(KLD {plain.kld:.3g})")
-    assert abs(vk.ppl / cpu.ppl - 1) < PPL_REL_TOL
-    assert vk.kld is not None and vk.kld < KLD_TOL
-    assert plain.kld is not None and plain.kld > 4 * vk.kld
+    assert "F16 rows beside the cache" in vk.log and "F16 rows beside the cache" in cpu.log, vk.log[-3000:]
+    assert "F16 rows after an F16 copy of the cache" in vk_copy.log, vk_copy.log[-3000:]
+    print(f"\nwindow 16: PPL cache on CPU {cpu.ppl:.4f} | on Vulkan0 {vk.ppl:.4f} (KLD {vk.kld:.3g}), through the copy "
+          f"{vk_copy.ppl:.4f} (KLD {vk_copy.kld:.3g}) | no window {plain.ppl:.4f} (KLD {plain.kld:.3g})")
+    for got in (vk, vk_copy):
+        assert abs(got.ppl / cpu.ppl - 1) < PPL_REL_TOL
+        assert got.kld is not None and got.kld < KLD_TOL
+    assert plain.kld is not None and plain.kld > 4 * max(vk.kld, vk_copy.kld)
+
+
+def test_flash_attention_reads_exact_rows_beside_a_turboq_cache_on_vulkan(vk_bin):
+    """test-backend-ops' FLASH_ATTN_EXT cases with exact sources (ggml-fa-exact.h) against the CPU
+    backend: head sizes 128 and 256, F32 and F16 rows, 4 query heads per KV head and none, one to 8
+    queries of several sequences, sinks, and f16 or q8_0 beside a turboq type."""
+    assert backend_ops(vk_bin, "FLASH_ATTN_EXT", "n_exact=") == 12
+
+
+def test_a_decode_step_on_vulkan_reads_the_window_without_copying_the_cache(vk_bin):
+    """The graph of a decode step with the cache and the window on Vulkan0: no CPY or PAD of the
+    cache, as on the CPU (test_exact_window.py), and the attention on Vulkan0 (patch 31 had pinned
+    every node with exact rows to the CPU, which then read the cache from the device); through the
+    copy (TURBOQ_WINDOW_COPY) each layer converts its whole K and V cache to F16."""
+    exe, model, text = vk_bin / "llama-perplexity", data.tiny_model(head_dim=128), data.corpus_slice(12000)
+    beside = decode_step_ops(exe, model, text, vk_env(), ("-ngl", "99"))
+    copy = decode_step_ops(exe, model, text, {**vk_env(), "TURBOQ_WINDOW_COPY": "1"}, ("-ngl", "99"))
+    assert_reads_beside(beside, copy, "Vulkan0")  # the attention runs there, not on the CPU
+    print(f"\ndecode step nodes on Vulkan0: {len(beside)} beside the cache, {len(copy)} through the copy")
 
 
 _WINDOW_STATE_SCRIPT = r"""
@@ -290,7 +317,7 @@ def test_a_state_with_an_exact_window_on_vulkan_restores_bit_identically(vk_bin)
     r = subprocess.run([sys.executable, "-c", _WINDOW_STATE_SCRIPT, str(data.tiny_model(head_dim=128))], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "Vulkan0 KV buffer size" in r.stderr and "F16 rows after an F16 copy of the cache" in r.stderr, r.stderr[-3000:]
+    assert "Vulkan0 KV buffer size" in r.stderr and "F16 rows beside the cache" in r.stderr, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got == {"same_tokens": True, "max_diff": 0.0}
 

@@ -43,6 +43,11 @@ def read_gbps(threads: int, mib: int = PROBE_MIB, reps: int = 3) -> float:
     return buf.nbytes / best / 1e9
 
 
+def _sink(text: str | None) -> int | str:
+    """LLAMA_ARG_KV_EXACT_SINK's value as kv_bytes takes it (unset: llama.cpp's default, auto)."""
+    return "auto" if text is None or text == "auto" else int(text)
+
+
 def token_bytes(model: str | Path, k: str, v: str, env: dict[str, str], cells: int) -> int:
     """Bytes a decode step reads with `cells` positions in the cache: the model file, and the K
     and V that llama.cpp allocates for that many cells (sliding-window layers hold their window,
@@ -52,5 +57,5 @@ def token_bytes(model: str | Path, k: str, v: str, env: dict[str, str], cells: i
     kv = kv_bytes(model, cells, k, v, int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0), upper_bound=True,
                   exact_window=int(env.get(exact_window.ENV) or 0),
                   exact_window_margin=int(margin) if margin is not None else None,
-                  exact_sink=int(env.get(exact_window.SINK_ENV) or 0))
+                  exact_sink=_sink(env.get(exact_window.SINK_ENV)))
     return Path(model).stat().st_size + kv

@@ -54,7 +54,8 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
     ':onerow' (TURBOQ_FA_TILED=0),
     ':winW' (the exact window, --kv-exact-window W through its alias LLAMA_ARG_KV_EXACT_WINDOW;
     ':winWmM' with a margin of M, --kv-exact-window-margin M), ':sinkS' (sink rows, --kv-exact-sink S
-    through LLAMA_ARG_KV_EXACT_SINK), ':tailW' (TURBOQ_EXACT_TAIL=W): (label, K, V, environment)."""
+    through LLAMA_ARG_KV_EXACT_SINK; ':sink0' for none, as without it a turboq cache keeps auto's
+    one), ':tailW' (TURBOQ_EXACT_TAIL=W): (label, K, V, environment)."""
     spec, *opts = c.split(":")
     k, _, v = spec.partition("/")
     v = v or k
@@ -68,7 +69,7 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
             env["LLAMA_ARG_LAYER_ADAPTIVE"] = opt
         elif opt[:4] in EXACT_ROWS and opt[4:].isdigit() and int(opt[4:]) > 0:
             env[EXACT_ROWS[opt[:4]]] = opt[4:]
-        elif opt[:4] == "sink" and opt[4:].isdigit() and 0 < int(opt[4:]) <= exact_window.max_positions():
+        elif opt[:4] == "sink" and opt[4:].isdigit() and 0 <= int(opt[4:]) <= exact_window.max_positions():
             env[exact_window.SINK_ENV] = opt[4:]
         elif opt[:3] == "win" and (m := WINDOW.fullmatch(opt[3:])) and 0 < int(m[1]) <= exact_window.max_positions() and \
                 (m[2] is None or int(m[2]) <= exact_window.max_positions()):
@@ -79,6 +80,17 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
             raise SystemExit(f"{c}: unknown option {opt!r} (a layer mode number, winW, winWmM, tailW, sinkS, or one of "
                              f"{', '.join(OPTIONS)})")
     return c, k, v, env
+
+
+def sink_rows(env: dict[str, str], k: str, v: str, mla: bool = False) -> int:
+    """The sink rows per sequence that a configuration's environment keeps: LLAMA_ARG_KV_EXACT_SINK,
+    else auto's (one beside a turboq cache; none on an MLA model, which keeps no exact rows, or
+    with a tail)."""
+    s = env.get(exact_window.SINK_ENV)
+    if s is None or s == "auto":
+        # none on an MLA model or beside the debug tail, which auto leaves alone (patch 45)
+        return 0 if mla or int(env.get(EXACT_ROWS["tail"]) or 0) > 0 else exact_window.sink_count(None, k, v)
+    return int(s)
 
 
 def window_margin(env: dict[str, str]) -> int | None:
@@ -100,7 +112,7 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
     (mla) caches K alone, so its bits per value are K's."""
     tail = min(sum(int(env.get(var) or 0) for var in EXACT_ROWS.values()), ctx)
     ring = 16 * exact_window.rows_per_sequence(int(env.get(exact_window.ENV) or 0), window_margin(env),
-                                               int(env.get(exact_window.SINK_ENV) or 0)) / ctx
+                                               sink_rows(env, k, v, mla)) / ctx
 
     def quantized(t: str, hd: int) -> bool:
         return layer_cache_type(t, hd).bpw < 16
@@ -149,7 +161,7 @@ def quality(args: argparse.Namespace) -> None:
                                  kld_base=base, write_base=(c == "f16"), env=env, timeout=6 * 3600, extra=ubatch)
             geo = kv_geometry(model)
             w = int(env.get(exact_window.ENV) or 0)
-            sink = int(env.get(exact_window.SINK_ENV) or 0)
+            sink = sink_rows(env, k, v, geo.mla)
             mode = int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0)
             ring_mib = window_bytes(model, k, v, mode, 1, w, window_margin(env), sink) / 2 ** 20 if w or sink else 0.0
             rows.append((label, config_bpw(geo.n_layer, k, v, env, args.ctx, geo.head_dim_k, geo.head_dim_v, geo.mla),
@@ -162,7 +174,7 @@ def quality(args: argparse.Namespace) -> None:
           "scored), -fa on; KLD against the f16 cache; K/V, ':N' = LLAMA_ARG_LAYER_ADAPTIVE=N, ':uncentered' = "
           "--kv-k-center off, ':unscaled'/':scaled' = --kv-k-scale off/on (else auto), ':winW' = --kv-exact-window W (KV MiB with its "
           "F16 rows), ':winWmM' = with --kv-exact-window-margin M, ':sinkS' = --kv-exact-sink S (KV MiB with its "
-          "F16 rows)" +
+          "F16 rows; without it a turboq cache keeps auto's one, ':sink0' none)" +
           (f", ':tailW' = TURBOQ_EXACT_TAIL=W (-ub {batch}; KV MiB without "
            "those f16 rows, bpw per layer with them)" if ubatch else "") + ". bpw in memory: 16 x the KV bytes over "
           "the f16 cache's (the log's MiB, to two decimals); bpw per layer: the types' bits averaged over the layers, which differ where layers hold "

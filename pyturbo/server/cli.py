@@ -18,6 +18,14 @@ from pyturbo.types import CACHE_TYPES, requested_cache_type
 ENGINES = ("llama-server", "python")
 
 
+def _sink_arg(text: str) -> int | str:
+    """--kv-exact-sink's value: "auto", or a number checked with the other settings (a clear error)."""
+    try:
+        return text if text == "auto" else int(text)
+    except ValueError:
+        return text
+
+
 def _prog() -> str:
     """`python -m server` (the checkout's entry point) or `python -m pyturbo.server`, as invoked."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
@@ -46,10 +54,10 @@ def parser() -> argparse.ArgumentParser:
                          "after the last M are removed again (a reused prompt, speculative drafts); 0 saves "
                          "their memory, and a prompt reused short of its end is then processed again "
                          "(default: the model's, else 16)")
-    ap.add_argument("--kv-exact-sink", type=int, default=0, metavar="S",
+    ap.add_argument("--kv-exact-sink", type=_sink_arg, default=None, metavar="S|auto",
                     help="quantized caches: each sequence's first S positions (the attention sink) read exact by "
                          "every query, from F16 rows kept beside the cache, with or without --kv-exact-window "
-                         "(see docs/usage.md; default 0 = none)")
+                         "(see docs/usage.md; default: the model's, else auto = 1 beside a turboq cache, 0 = none)")
     ap.add_argument("--kv-k-center", choices=("on", "off"), default=None,
                     help="turboq K caches: K centered on the model's calibrated mean and scaled per channel (on), "
                          "or stored as it comes (off, for comparisons); default: the model's, else on")
@@ -103,10 +111,11 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--kv-exact-window-margin: {e}") from None
         if not args.kv_exact_window:
             raise ValueError("--kv-exact-window-margin needs --kv-exact-window")
-    try:
-        exact_window.check_sink(args.kv_exact_sink)
-    except ValueError as e:
-        raise ValueError(f"--kv-exact-sink: {e}") from None
+    if args.kv_exact_sink is not None:
+        try:
+            args.kv_exact_sink = exact_window.check_sink(args.kv_exact_sink)
+        except ValueError as e:
+            raise ValueError(f"--kv-exact-sink: {e}") from None
     if args.n_ctx < 1:
         raise ValueError(f"--n-ctx {args.n_ctx}: must be at least 1")
     if args.parallel < 1:
@@ -178,17 +187,17 @@ def _check_memory(model: str, args: argparse.Namespace) -> None:
             kv = kv_bytes(model, args.n_ctx * args.parallel, args.cache_type_k, args.cache_type_v, args.layer_adaptive,
                           n_seq=args.parallel, n_stream=1 if unified else args.parallel, upper_bound=True,
                           exact_window=args.kv_exact_window, exact_window_margin=args.kv_exact_window_margin,
-                          exact_sink=args.kv_exact_sink)
+                          exact_sink="auto" if args.kv_exact_sink is None else args.kv_exact_sink)
         else:  # llama-cpp-python keeps every sliding-window cell (swa_full)
             kv = kv_bytes(model, args.n_ctx, args.cache_type_k, args.cache_type_v, args.layer_adaptive,
                           swa_full=True, upper_bound=True, exact_window=args.kv_exact_window,
-                          exact_window_margin=args.kv_exact_window_margin, exact_sink=args.kv_exact_sink)
+                          exact_window_margin=args.kv_exact_window_margin, exact_sink="auto" if args.kv_exact_sink is None else args.kv_exact_sink)
         if args.draft_model:  # the draft model has a context of the same size, with its own cache types
             kv += kv_bytes(args.draft_model, args.n_ctx * args.parallel, args.cache_type_k_draft,
                            args.cache_type_v_draft, args.layer_adaptive, n_seq=args.parallel,
                            n_stream=1 if unified else args.parallel, upper_bound=True,
                            exact_window=args.kv_exact_window, exact_window_margin=args.kv_exact_window_margin,
-                           exact_sink=args.kv_exact_sink)
+                           exact_sink="auto" if args.kv_exact_sink is None else args.kv_exact_sink)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return  # an architecture kv_bytes does not know: llama.cpp decides
     weights = Path(model).stat().st_size + (Path(args.draft_model).stat().st_size if args.draft_model else 0)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from pyturbo import exact_window
 from pyturbo._paths import binary, tool_env
 
 from .chat_template import Fallback
@@ -61,7 +62,7 @@ class LaunchSpec:
     kv_exact_window: int = 0
     kv_exact_window_margin: int | None = None  # None: the model's
     kv_k_center: str | None = None  # "on" or "off"; None: the model's
-    kv_exact_sink: int = 0
+    kv_exact_sink: int | None = None  # None: the model's, else auto (one row beside a turboq cache); -1: auto
     kv_k_scale: str | None = None  # "auto", "on" or "off"; None: the model's
 
     def argv(self) -> list[str]:
@@ -71,8 +72,9 @@ class LaunchSpec:
                 "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
                 "--host", self.host, "--port", str(self.port)]
         # also when 0: the argument beats a LLAMA_ARG_LAYER_ADAPTIVE in the caller's environment
-        argv += ["--layer-adaptive", str(self.layer_adaptive), "--kv-exact-window", str(self.kv_exact_window),
-                 "--kv-exact-sink", str(self.kv_exact_sink)]
+        argv += ["--layer-adaptive", str(self.layer_adaptive), "--kv-exact-window", str(self.kv_exact_window)]
+        if self.kv_exact_sink is not None:  # also 0, which beats the GGUF's
+            argv += ["--kv-exact-sink", "auto" if self.kv_exact_sink == exact_window.SINK_AUTO else str(self.kv_exact_sink)]
         if self.kv_exact_window_margin is not None:
             argv += ["--kv-exact-window-margin", str(self.kv_exact_window_margin)]
         if self.kv_k_center is not None:

@@ -31,7 +31,7 @@ class TurboModelSettings(ModelSettings):
     layer_adaptive: int = 0
     kv_exact_window: int = 0
     kv_exact_window_margin: int | None = None
-    kv_exact_sink: int = 0
+    kv_exact_sink: int | None = None  # None: the model's, else auto; -1: auto
     k_center: bool | None = None
     k_scale: str | None = None
     chat_template_file: str | None = None
@@ -49,8 +49,9 @@ def _load_model(settings: ModelSettings):
     window = exact_window.kv_override(getattr(settings, "kv_exact_window", 0),
                                       getattr(settings, "kv_exact_window_margin", None))
     wv = window[exact_window.key()]
-    sink = exact_window.check_sink(getattr(settings, "kv_exact_sink", 0))
-    window[exact_window.sink_key()] = sink  # also 0, which beats sink rows that the GGUF holds
+    sink = getattr(settings, "kv_exact_sink", None)
+    if sink is not None:
+        window[exact_window.sink_key()] = exact_window.check_sink(sink)  # also 0, which beats the GGUF's
     # K centering and its channel scale: passed only when given, so the model's own keys stand otherwise
     center, scale = getattr(settings, "k_center", None), getattr(settings, "k_scale", None)
     k_keys = ([] if center is None else [f"{k_centering.key()}=bool:{str(center).lower()}"]) + \
@@ -120,7 +121,7 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
               n_ctx: int = 4096, n_threads: int | None = None, alias: str | None = None,
               host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
               chat_fallback: Fallback | None = None, verbose: bool = True, kv_exact_window: int = 0,
-              kv_exact_window_margin: int | None = None, k_center: bool | None = None, kv_exact_sink: int = 0,
+              kv_exact_window_margin: int | None = None, k_center: bool | None = None, kv_exact_sink: int | str | None = None,
               k_scale: str | None = None):
     tk, tv = requested_cache_type(cache_type_k), requested_cache_type(cache_type_v)
     ms = TurboModelSettings(model=model, model_alias=alias or Path(model).name, n_ctx=n_ctx, type_k=tk.ggml_id,
@@ -129,7 +130,7 @@ def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", 
                             kv_exact_window_margin=None if kv_exact_window_margin is None
                             else exact_window.check_margin(kv_exact_window_margin), k_center=k_center,
                             k_scale=None if k_scale is None else k_centering.check_scale(k_scale),
-                            kv_exact_sink=exact_window.check_sink(kv_exact_sink),
+                            kv_exact_sink=None if kv_exact_sink is None else exact_window.check_sink(kv_exact_sink),
                             verbose=verbose,
                             chat_template_file=str(chat_fallback.path) if chat_fallback else None,
                             chat_end_of_turn=chat_fallback.end_of_turn if chat_fallback else None,
