@@ -125,9 +125,12 @@ def test_bench_quality_writes_table_and_kld_per_bit_plot(tmp_path, gemma):
     mem = {k: float(c[1]) for k, c in cols.items()}
     kv = {k: float(c[-2]) for k, c in cols.items()}
     rounding = 16 * 0.01 / kv["f16"] + 0.01  # the log's MiB have two decimals, the column too
-    assert mem["f16"] == 16 and mem["turboq4"] == pytest.approx(4.25, abs=rounding)
+    # and a turboq cache's default sink row (auto: one per sequence and layer, with the spare row)
     from pyturbo.memory import window_bytes
-    ring = window_bytes(gemma, "turboq3", "turboq3", 0, 1, 8) / 2 ** 20
+    sink = window_bytes(gemma, "turboq4", "turboq4", 0, 1, 0, None, 1) / 2 ** 20
+    assert mem["f16"] == 16 and mem["turboq4"] == pytest.approx(4.25 + 16 * sink / kv["f16"], abs=rounding)
+    assert mem["q8_0"] == pytest.approx(8.5, abs=rounding)  # no sink row beside q8_0
+    ring = window_bytes(gemma, "turboq3", "turboq3", 0, 1, 8, None, 1) / 2 ** 20
     assert ring > 0 and kv["turboq3:win8"] == pytest.approx(kv["f16"] * 3.125 / 16 + ring, abs=0.01)
     assert mem["turboq3:win8"] == pytest.approx(3.125 + 16 * ring / kv["f16"], abs=rounding)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot: {png}" in r.stdout
