@@ -68,6 +68,18 @@ def sink_auto(type_k: str, type_v: str) -> int:
     return int(fn(requested_cache_type(type_k).ggml_id, requested_cache_type(type_v).ggml_id))
 
 
+def sink_setting(text: str | None) -> int | str | None:
+    """The text of --kv-exact-sink or LLAMA_ARG_KV_EXACT_SINK as a setting: None when unset,
+    SINK_AUTO for "auto", else its number (text that is none comes back as it is, for check_sink's
+    error)."""
+    if text is None or text == "auto":
+        return None if text is None else SINK_AUTO
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 def sink_count(sink: int | str | None, type_k: str, type_v: str) -> int:
     """The sink rows per sequence that a setting (a count, or None / "auto" / -1) keeps beside a
     cache of these types on the CPU."""

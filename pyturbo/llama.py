@@ -129,7 +129,8 @@ class Llama(llama_cpp.Llama):
         policy = _la.policies().get(layer_adaptive or 0)
         la_turboq = policy is not None and any(t in TURBOQ_TYPES for t in (policy.k_boundary, policy.v_boundary, policy.v_other))
         wants_turboq = kwargs.get("type_k") in turboq_ids or kwargs.get("type_v") in turboq_ids or la_turboq
-        if wants_turboq or kv_exact_window or (kv_exact_sink not in (None, "auto", _ew.SINK_AUTO) and kv_exact_sink):
+        sink = _ew.check_sink(kv_exact_sink) if kv_exact_sink is not None else None  # -1: auto
+        if wants_turboq or kv_exact_window or (sink or 0) > 0:
             kwargs.setdefault("flash_attn", True)  # both need it
         self.cache_type_k = tk.name if tk else None
         self.cache_type_v = tv.name if tv else None
@@ -142,16 +143,15 @@ class Llama(llama_cpp.Llama):
         if kv_exact_window_margin is not None:
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}),
                                       _ew.margin_key(): _ew.check_margin(kv_exact_window_margin)}
-        if kv_exact_sink is not None:
-            kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), _ew.sink_key(): _ew.check_sink(kv_exact_sink)}
+        if sink is not None:
+            kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), _ew.sink_key(): sink}
         if k_center is not None:
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_kc.kv_override(k_center)}
         if k_scale is not None:
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_kc.scale_override(k_scale)}
         overrides = kwargs.get("kv_overrides") or {}
         self.kv_exact_window = kv_exact_window or int(overrides.get(_ew.key(), 0))
-        self.kv_exact_sink = _ew.check_sink(kv_exact_sink) if kv_exact_sink is not None else \
-            int(overrides.get(_ew.sink_key(), _ew.SINK_AUTO))  # -1: auto
+        self.kv_exact_sink = sink if sink is not None else int(overrides.get(_ew.sink_key(), _ew.SINK_AUTO))
         verbose = kwargs.get("verbose", True)
         with creating_context(verbose=verbose):
             super().__init__(model_path, *args, **kwargs)

@@ -43,19 +43,15 @@ def read_gbps(threads: int, mib: int = PROBE_MIB, reps: int = 3) -> float:
     return buf.nbytes / best / 1e9
 
 
-def _sink(text: str | None) -> int | str:
-    """LLAMA_ARG_KV_EXACT_SINK's value as kv_bytes takes it (unset: llama.cpp's default, auto)."""
-    return "auto" if text is None or text == "auto" else int(text)
-
-
 def token_bytes(model: str | Path, k: str, v: str, env: dict[str, str], cells: int) -> int:
     """Bytes a decode step reads with `cells` positions in the cache: the model file, and the K
     and V that llama.cpp allocates for that many cells (sliding-window layers hold their window,
     an exact window and sink rows their F16 rows; a mode that picks layers by K gain is taken at
     its upper bound). env: a configuration's environment (bench.cpu.parse_config)."""
     margin = env.get(exact_window.MARGIN_ENV)
+    sink = exact_window.sink_setting(env.get(exact_window.SINK_ENV))  # unset: llama.cpp's default, auto
     kv = kv_bytes(model, cells, k, v, int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0), upper_bound=True,
                   exact_window=int(env.get(exact_window.ENV) or 0),
                   exact_window_margin=int(margin) if margin is not None else None,
-                  exact_sink=_sink(env.get(exact_window.SINK_ENV)))
+                  exact_sink=exact_window.SINK_AUTO if sink is None else sink)
     return Path(model).stat().st_size + kv

@@ -86,11 +86,11 @@ def sink_rows(env: dict[str, str], k: str, v: str, mla: bool = False) -> int:
     """The sink rows per sequence that a configuration's environment keeps: LLAMA_ARG_KV_EXACT_SINK,
     else auto's (one beside a turboq cache; none on an MLA model, which keeps no exact rows, or
     with a tail)."""
-    s = env.get(exact_window.SINK_ENV)
-    if s is None or s == "auto":
+    s = exact_window.sink_setting(env.get(exact_window.SINK_ENV))
+    if s is None or s == exact_window.SINK_AUTO:
         # none on an MLA model or beside the debug tail, which auto leaves alone (patch 45)
         return 0 if mla or int(env.get(EXACT_ROWS["tail"]) or 0) > 0 else exact_window.sink_count(None, k, v)
-    return int(s)
+    return exact_window.check_sink(s)
 
 
 def window_margin(env: dict[str, str]) -> int | None:

@@ -105,14 +105,14 @@ def open_llama(model, config: str, ctx: int, threads: int):
     la = int(env.pop("LLAMA_ARG_LAYER_ADAPTIVE", 0) or 0)
     window = int(env.pop(exact_window.ENV, 0) or 0)
     margin = env.pop(exact_window.MARGIN_ENV, None)
-    sink = env.pop(exact_window.SINK_ENV, None)  # unset: auto
+    sink = exact_window.sink_setting(env.pop(exact_window.SINK_ENV, None))  # None: the model's, else auto
     center = env.pop(k_centering.ENV, None)
     scale = env.pop(k_centering.SCALE_ENV, None)
     with scoped_env(env):
         return Llama(str(model), n_ctx=ctx, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
                      flash_attn=True, cache_type_k=k, cache_type_v=v, layer_adaptive=la or None,
                      kv_exact_window=window or None, kv_exact_window_margin=None if margin is None else int(margin),
-                     kv_exact_sink=None if sink is None else (sink if sink == "auto" else int(sink)),
+                     kv_exact_sink=sink,
                      k_center=None if center is None else center == "on", k_scale=scale, verbose=False)
 
 

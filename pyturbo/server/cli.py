@@ -18,14 +18,6 @@ from pyturbo.types import CACHE_TYPES, requested_cache_type
 ENGINES = ("llama-server", "python")
 
 
-def _sink_arg(text: str) -> int | str:
-    """--kv-exact-sink's value: "auto", or a number checked with the other settings (a clear error)."""
-    try:
-        return text if text == "auto" else int(text)
-    except ValueError:
-        return text
-
-
 def _prog() -> str:
     """`python -m server` (the checkout's entry point) or `python -m pyturbo.server`, as invoked."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
@@ -54,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
                          "after the last M are removed again (a reused prompt, speculative drafts); 0 saves "
                          "their memory, and a prompt reused short of its end is then processed again "
                          "(default: the model's, else 16)")
-    ap.add_argument("--kv-exact-sink", type=_sink_arg, default=None, metavar="S|auto",
+    ap.add_argument("--kv-exact-sink", type=exact_window.sink_setting, default=None, metavar="S|auto",
                     help="quantized caches: each sequence's first S positions (the attention sink) read exact by "
                          "every query, from F16 rows kept beside the cache, with or without --kv-exact-window "
                          "(see docs/usage.md; default: the model's, else auto = 1 beside a turboq cache, 0 = none)")
