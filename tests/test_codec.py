@@ -8,7 +8,7 @@ from pyturbo import attention, codec
 from pyturbo.format import reference
 from pyturbo.format.codebook import theoretical_vector_mse
 from pyturbo.types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
-from helpers import special_groups
+from helpers import fa_tolerance, special_groups
 
 D = 128
 
@@ -123,7 +123,8 @@ def test_flash_attention_matches_numpy_on_dequantized_cache(lib, type_k, type_v,
     # (tests/test_flash_attn_tiled.py covers masks, batch sizes and the one-row path)
     want = numpy_attention(q, kd, vd, scale)
     err = np.abs(out - want).max()
-    assert err < 1e-4 * max(1.0, np.abs(want).max()), f"max abs err {err}"
+    tol = fa_tolerance(lib, type_k, type_v, n_q * n_head // n_head_kv, 1e-4)  # a decode step may take the packed path
+    assert err < tol * max(1.0, np.abs(want).max()), f"max abs err {err}"
     exact = numpy_attention(q, k, v, scale)
     cos = float(np.sum(out * exact) / (np.linalg.norm(out) * np.linalg.norm(exact)))
     print(f"K={type_k} V={type_v} dk={dk}: cosine vs f32 attention {cos:.5f}")

@@ -31,22 +31,51 @@ def test_one_ubatch_reads_what_the_debug_tail_reads(build_info, short_text, tmp_
     assert win.kld <= 0.5 * plain.kld, (win.kld, plain.kld)
 
 
-@pytest.mark.parametrize("ubatch", ["64", "7", "1"])
-def test_the_window_crosses_ubatches(tiny128, short_text, ubatch):
+# Ubatch splits against one ubatch per chunk at float precision: the split's small ubatches must
+# take the float attention that one ubatch takes. A turboq cache's decode steps (fewer than 16
+# query rows a tile: 7 tokens or 1 of the tiny llama's GQA pairs, or a chunk's short last ubatch)
+# read the packed rows in 8-bit integers where the CPU has them (patch 46), which moves the tiny
+# llama's perplexity by 6e-4: more than some bugs these tests look for would. So the small splits
+# run a q4_0 cache, whose window and sink rows are the same code; turboq3/turboq2 runs in ubatches
+# of 64 (whole tiles) and, through the packed path, in test_packed_decode_steps_read_the_window.
+SPLITS = [("turboq3", "turboq2", "64"), ("q4_0", "q4_0", "7"), ("q4_0", "q4_0", "1")]
+
+
+@pytest.mark.parametrize("type_k,type_v,ubatch", SPLITS)
+def test_the_window_crosses_ubatches(tiny128, short_text, type_k, type_v, ubatch):
     """Tokens in ubatches of 64 (more than the ring's 32 slots: each layer must read the ring
     before its ubatch's rows overwrite it), of 7, or one at a time, read the rows of earlier
     ubatches from the ring:
     the tiny llama (unquantized weights, so no 8-bit activations amplify the rounding) gives the
     perplexity of one ubatch per chunk to 6 digits, and not that of the cache without a window.
-    Measured: 395.3971 for every ubatch size, 397.1750 without the window. Without the default sink
-    row, whose ubatch splits test_sink_rows_cross_ubatches checks (with it the one-token split
-    moved by 1.3e-6)."""
-    one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*window(16), *sink(0)))
-    split = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3,
+    Measured (turboq3/turboq2): 395.3971 for every ubatch size, 397.1750 without the window; q4_0:
+    368.6504 in one ubatch, 368.6507 one token at a time, 368.2191 without the window. Without the
+    default sink row, whose ubatch splits test_sink_rows_cross_ubatches checks (with it the
+    one-token split moved by 1.3e-6)."""
+    one = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=(*window(16), *sink(0)))
+    split = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3,
                        extra=(*window(16), *sink(0), "-ub", ubatch))
-    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*sink(0), "-ub", ubatch))
+    plain = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=(*sink(0), "-ub", ubatch))
     assert split.ppl == pytest.approx(one.ppl, rel=1e-6)
     assert abs(plain.ppl - one.ppl) > 1e-3 * one.ppl
+
+
+def test_packed_decode_steps_read_the_window(lib, tiny128, short_text):
+    """turboq3/turboq2 one token at a time, where the decode steps take the packed path: the
+    window's rows (F16, read beside the cache on the float path) still count, by more than the
+    packed path's own rounding moves the perplexity. Measured: 377.4902 in one ubatch, 377.2661
+    one token at a time (the packed path: 5.9e-4), 378.7788 one token at a time without the
+    window (3.4e-3)."""
+    from helpers import fa_packed
+    if not fa_packed(lib, "turboq3"):
+        pytest.skip("this CPU build has no packed path (AVX-512 BW + VNNI)")
+    one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*window(16), *sink(0)))
+    split = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3,
+                       extra=(*window(16), *sink(0), "-ub", "1"))
+    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*sink(0), "-ub", "1"))
+    assert split.ppl == pytest.approx(one.ppl, rel=1.5e-3)
+    assert abs(split.ppl - one.ppl) > 1e-5 * one.ppl, "the packed path did not run"
+    assert abs(plain.ppl - one.ppl) > 2.5e-3 * one.ppl
 
 
 def test_a_window_over_the_whole_chunk_is_the_f16_cache(tiny128, short_text, tmp_path):
@@ -381,21 +410,21 @@ def sink(s: int) -> tuple[str, ...]:
     return ("--kv-exact-sink", str(s))
 
 
-@pytest.mark.parametrize("ubatch", ["7", "64"])
-def test_sink_rows_cross_ubatches(tiny128, short_text, ubatch):
+@pytest.mark.parametrize("type_k,type_v,ubatch", [("q4_0", "q4_0", "7"), ("turboq3", "turboq2", "64")])
+def test_sink_rows_cross_ubatches(tiny128, short_text, type_k, type_v, ubatch):
     """Sink rows alone (no window) and beside a window: a chunk in ubatches of 7 or 64 reads its
     first positions from the sink slots and gives the perplexity of one ubatch per chunk (where
     they come from the ubatch itself) to 6 digits, and not that of the cache without them. A sink
     row lost after its ubatch, or read from a slot that another position overwrote, moves it
-    (by more than 1e-4 below). Tolerance 2e-5: ubatches of 7 tokens (14 query rows of a GQA pair)
-    take the decode steps' path, whose turboq scores sum in another order than the prefill's GEMM
-    (measured 5e-6 with patch 40's 16-row sums)."""
+    (by more than 1e-4 below). Tolerance 2e-5: a float decode step (ubatches of 7 tokens on a q4_0
+    cache) sums its scores in another order than the prefill's GEMM (measured 5e-6 with patch 40's
+    16-row sums on turboq3/turboq2). The small split runs q4_0 for the reason SPLITS gives."""
     for extra in (sink(4), (*window(16), *sink(4))):
-        one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=extra)
-        split = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*extra, "-ub", ubatch))
+        one = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=extra)
+        split = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=(*extra, "-ub", ubatch))
         assert split.ppl == pytest.approx(one.ppl, rel=2e-5), extra
-    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*sink(0), "-ub", ubatch))
-    alone = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=sink(4))
+    plain = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=(*sink(0), "-ub", ubatch))
+    alone = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=sink(4))
     assert abs(plain.ppl - alone.ppl) > 1e-4 * alone.ppl, (plain.ppl, alone.ppl)
 
 
@@ -426,21 +455,23 @@ def test_sink_rows_keep_decode_state_and_sequences_right(Llama, tiny128, short_t
     can_continue.restype = ctypes.c_bool
     can_continue.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
 
-    def make(s, **kw):
-        return Llama(str(tiny128), cache_type_k="turboq3", cache_type_v="turboq2", n_ctx=256, n_batch=256,
+    def make(s, types=("turboq3", "turboq2"), **kw):
+        return Llama(str(tiny128), cache_type_k=types[0], cache_type_v=types[1], n_ctx=256, n_batch=256,
                      flash_attn=True, verbose=False, logits_all=True, **({"kv_exact_sink": s} if s is not None else {}),
                      **kw)
 
+    # steps against one pass at float precision: a q4_0 cache, whose decode steps stay on the
+    # float path (SPLITS says why); the rest on turboq3/turboq2
     toks = make(None).tokenize(short_text.read_text()[:2000].encode())[:48]
-    one = make(2)
+    one = make(2, ("q4_0", "q4_0"))
     one.eval(toks)
     want = one.scores[47].copy()
-    steps = make(2)
+    steps = make(2, ("q4_0", "q4_0"))
     steps.eval(toks[:20])
     for t in toks[20:]:
         steps.eval([t])
     np.testing.assert_allclose(steps.scores[47], want, rtol=0, atol=1e-4)  # other batch shapes, other sums
-    plain = make(0)
+    plain = make(0, ("q4_0", "q4_0"))
     plain.eval(toks)
     assert float(np.abs(plain.scores[47] - want).max()) > 1e-3  # the sinks are read exact
 

@@ -6,6 +6,11 @@ The tolerance (1e-4 of the output scale) is far below what the one-row path reac
 path is not the one that ran. The one-row path (ggml's use_ref) is compared as well, where it computes
 in f32 too (turboq K and V).
 
+A decode step (a tile of fewer than 16 query rows, as the last tile of a batch may be too) over turboq2/3/4 K or V takes the packed path
+where the CPU has it (AVX-512 BW + VNNI: ggml_turboq_fa_packed): Q, the softmax weights and the
+codebook rounded to 8 bits, so its bound is TOL_PACKED, and it must give the same floats on any
+number of threads and wherever the rows lie.
+
 Shapes: batches of 1 and 8 (decode, one tile of grouped heads), 35, 64, 65 and 200 (one, a partial
 and several query tiles), head sizes 128 and 256, 4 query heads per KV head, masks with fully masked
 K/V tiles and a fully masked query row, and 1 or 2 threads (2 splits the KV range in decode).
@@ -18,9 +23,10 @@ import pytest
 from pyturbo import attention, codec
 from pyturbo.format.reference import attention as numpy_attention
 from pyturbo.types import cache_type
-from helpers import causal_mask
+from helpers import TOL_PACKED, causal_mask, fa_packed, fa_tolerance
 
 TOL = 1e-4
+TOL_PACKED_LARGE = 3e-2  # the packed path (helpers.TOL_PACKED) with logits 3x larger
 
 PAIRS = [("turboq3", "turboq3"), ("turboq4", "turboq4"), ("turboq2", "turboq2"), ("turboq8", "turboq8"),
          ("f16", "turboq3"), ("q8_0", "turboq3"), ("turboq4", "f16"), ("turboq3", "q8_0"),
@@ -36,6 +42,10 @@ def decoded(x: np.ndarray, type_name: str) -> np.ndarray:
         u = flat.view(np.uint32)
         return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32).reshape(x.shape)
     return codec.dequantize(codec.quantize(flat, t), t).reshape(x.shape)
+
+
+def tol(lib, type_k: str, type_v: str, rows: int) -> float:
+    return fa_tolerance(lib, type_k, type_v, rows, TOL)
 
 
 def case(seed: int, n_head: int, n_head_kv: int, n_q: int, n_kv: int, dk: int):
@@ -55,7 +65,7 @@ def test_tiled_flash_attention_matches_numpy(lib, type_k, type_v, dk, n_q):
     mask = causal_mask(n_q, n_kv, hidden_prefix=200, hidden_row=3 if n_q > 3 else None)
     scale = 1.0 / np.sqrt(dk)
     want = numpy_attention(q, decoded(k, type_k), decoded(v, type_v), scale, mask.astype(np.float16))
-    bound = TOL * max(1.0, float(np.abs(want).max()))
+    bound = tol(lib, type_k, type_v, 4 * n_q) * max(1.0, float(np.abs(want).max()))
     for n_threads in (1, 2):
         out = attention.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=n_threads, mask=mask)
         err = float(np.abs(out - want).max())
@@ -106,12 +116,46 @@ def test_a_decode_steps_turboq_tile_with_per_head_masks_and_softcap(lib, type_k,
     scale = 1.0 / np.sqrt(dk)
     for softcap in (0.0, 5.0):
         want = numpy_attention(q, decoded(k, type_k), decoded(v, type_v), scale, mask.astype(np.float16), softcap)
-        bound = TOL * max(1.0, float(np.abs(want).max()))
+        # q x 3: the packed path's score errors grow with the logits (Q is rounded against its
+        # row's largest value), 2.2e-2 of the output scale at most here
+        t = tol(lib, type_k, type_v, 3 * n_q)
+        bound = (TOL_PACKED_LARGE if t == TOL_PACKED else t) * max(1.0, float(np.abs(want).max()))
         for n_threads in (1, 2):
             out = attention.flash_attn(q, k, v, type_k, type_v, scale=scale, n_threads=n_threads, mask=mask,
                                        softcap=softcap)
             err = float(np.abs(out - want).max())
             assert err < bound, f"softcap {softcap}, {n_threads} threads: max abs err {err:.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("type_k,type_v,dk", [("turboq3_g64", "turboq3_g64", 64), ("turboq4_g64", "turboq2_g64", 64),
+                                              ("turboq2", "turboq4", 128), ("turboq3", "turboq3", 256)])
+def test_a_packed_decode_step_is_the_same_on_any_thread_count_and_position(lib, type_k, type_v, dk):
+    """The packed path's sums are integers, so a decode step's floats do not depend on the thread
+    count (1 to 3: the KV range is split in chunks) nor on where a sequence's run of cells lies in
+    the cache (tiles start at its first visible row). It is the path that ran: the float one-row
+    path differs from it (by its 8-bit roundings), and both stay within TOL_PACKED of NumPy."""
+    if not fa_packed(lib, type_k):
+        pytest.skip("this CPU build has no packed path (AVX-512 BW + VNNI)")
+    n_kv, run, scale = 1500, 1100, 1.0 / np.sqrt(dk)
+    q, k, v = case(dk, 6, 2, 1, n_kv, dk)
+    outs = []
+    for offset in (0, 37, 400):
+        # the sequence's rows at [offset, offset + run); other rows hold another sequence's
+        mask = np.full((1, n_kv), -np.inf, dtype=np.float32)
+        mask[0, offset:offset + run] = 0.0
+        kk, vv = k.copy(), v.copy()
+        kk[:, offset:offset + run], vv[:, offset:offset + run] = k[:, :run], v[:, :run]
+        for n_threads in (1, 2, 3):
+            outs.append(attention.flash_attn(q, kk, vv, type_k, type_v, scale=scale, n_threads=n_threads, mask=mask))
+    for i, out in enumerate(outs[1:], 1):
+        np.testing.assert_array_equal(out, outs[0], err_msg=f"offset/threads case {i} against the first")
+    mask = np.zeros((1, run), dtype=np.float32)
+    want = numpy_attention(q, decoded(k[:, :run], type_k), decoded(v[:, :run], type_v), scale, mask)
+    ref = attention.flash_attn(q, k[:, :run], v[:, :run], type_k, type_v, scale=scale, mask=mask, reference=True)
+    scale_out = max(1.0, float(np.abs(want).max()))
+    assert np.abs(outs[0] - want).max() < TOL_PACKED * scale_out
+    assert np.abs(ref - want).max() < TOL * scale_out
+    assert np.abs(outs[0] - ref).max() > 1e-6 * scale_out, "the packed path did not run"
 
 
 @pytest.mark.parametrize("n_kv", [512, 700, 4100])
