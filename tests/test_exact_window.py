@@ -7,8 +7,8 @@ import pytest
 
 from pyturbo import data
 from pyturbo.tools import binary, llama_perplexity as perplexity, run_tool, tool_env
-from helpers import (assert_reads_beside, assert_state_refused, decode_step_ops, free_port, post, server_cmd, start,
-                     stop, wait_healthy)
+from helpers import (assert_reads_beside, assert_state_refused, decode_step_ops, fa_packed, free_port, post, server_cmd,
+                     start, stop, wait_healthy)
 
 
 def window(w: int) -> tuple[str, ...]:
@@ -66,7 +66,6 @@ def test_packed_decode_steps_read_the_window(lib, tiny128, short_text):
     packed path's own rounding moves the perplexity. Measured: 377.4902 in one ubatch, 377.2661
     one token at a time (the packed path: 5.9e-4), 378.7788 one token at a time without the
     window (3.4e-3)."""
-    from helpers import fa_packed
     if not fa_packed(lib, "turboq3"):
         pytest.skip("this CPU build has no packed path (AVX-512 BW + VNNI)")
     one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*window(16), *sink(0)))
