@@ -8,6 +8,7 @@
 : "${PYTURBO_SEEDED_BUILD_DIR:=build-seeded}"  # scripts/build_seeded.sh: other rotation signs, for the sign-seed tests
 : "${PYTURBO_ASAN_BUILD_DIR:=build-asan}"          # scripts/asan_state_check.sh
 : "${PYTURBO_AARCH64_BUILD_DIR:=build-aarch64}"    # scripts/build_portable.sh, for tests/test_portable_kernels.py
+: "${PYTURBO_AARCH64_DOTPROD_BUILD_DIR:=build-aarch64-dotprod}"  # the same, AArch64 with the dot-product extension
 : "${PYTURBO_SCALAR_BUILD_DIR:=build-scalar}"      # the same, x86 without AVX2/FMA
 : "${PYTURBO_AVX2_BUILD_DIR:=build-avx2}"          # the same, x86 with AVX2/FMA and without AVX-512
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The portable-kernel builds that tests/test_portable_kernels.py runs: the patched ggml and
-# tests/portable/turboq_check.c, (1) cross-compiled for AArch64 (NEON) and run under qemu-aarch64,
+# tests/portable/turboq_check.c, (1) cross-compiled for AArch64 (NEON; and again with the dot-product
+# extension) and run under qemu-aarch64,
 # (2) for x86 with AVX2 and FMA off (the generic kernels), (3) for x86 with AVX2 and FMA but no
 # AVX-512 (the AVX2 kernels, which a native build on an AVX-512 machine never compiles). Needs the
 # tree that scripts/setup.sh prepared. Installs Debian's cross toolchain and qemu-user when missing (as root).
@@ -34,6 +35,14 @@ cmake -S tests/portable -B "$PYTURBO_AARCH64_BUILD_DIR" -DCMAKE_BUILD_TYPE=Relea
     -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ \
     -DGGML_NATIVE=OFF "${launcher[@]}" >/dev/null
 cmake --build "$PYTURBO_AARCH64_BUILD_DIR" -j"$(nproc)" --target turboq-check
+
+# AArch64 with the dot-product extension (SDOT/UDOT: the packed decode step's other version;
+# qemu-aarch64's default CPU has it)
+cmake -S tests/portable -B "$PYTURBO_AARCH64_DOTPROD_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_SRC="$upstream" \
+    -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 \
+    -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ \
+    -DGGML_NATIVE=OFF -DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod "${launcher[@]}" >/dev/null
+cmake --build "$PYTURBO_AARCH64_DOTPROD_BUILD_DIR" -j"$(nproc)" --target turboq-check
 
 # x86 without AVX2/FMA (SSE4.2 stays): every turboq kernel takes its generic version
 cmake -S tests/portable -B "$PYTURBO_SCALAR_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_SRC="$upstream" \

@@ -216,16 +216,49 @@ def assert_reads_beside(beside: list[str], copy: list[str], backend: str) -> Non
 # ---- the CPU's packed decode path (patch 46) ----
 
 # A tile of fewer than 16 query rows over a turboq2/3/4 K or V reads the packed rows in 8-bit
-# integers where the CPU has AVX-512 BW + VNNI: Q rounded to int8 per row, the softmax weights to
+# integers where the CPU has AVX-512 BW + VNNI or AVX2: Q rounded to int8 per row, the softmax weights to
 # 0..255 per tile, query and group, the codebook to int8. Against float64 attention over the same
 # decoded cache it reached 1.8e-3 of the output scale on unit-scale logits.
 TOL_PACKED = 4e-3
+# ... with logits a few times larger (Q is rounded against its row's largest value, the weights
+# against the tile's): 2.2e-2 of the output scale at most with logits 3x larger
+TOL_PACKED_LARGE = 3e-2
 
 
 def fa_packed(lib, type_name: str) -> bool:
     """Whether this CPU build reads a decode step's cache of this type through the packed path."""
     from pyturbo.types import cache_type
     return bool(lib.cpu.ggml_turboq_fa_packed(cache_type(type_name).ggml_id))
+
+
+def packed_kernels(lib, type_name: str, q: np.ndarray, cache: np.ndarray, n_rows: int,
+                   p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The packed kernels of this CPU build alone (ggml-cpu/turboq-cpu.h), as turboq-check's `packed`
+    runs them: q [nq][n] rounded once, the scores [nq][n_rows] of the rows held in cache (TYPE's
+    blocks), and the V sums [nq][n] of the same rows with the weights p [nq][64], from zeros."""
+    import ctypes as C
+    from pyturbo.types import cache_type
+    cpu, t = lib.cpu, cache_type(type_name).ggml_id
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    p = np.ascontiguousarray(p, dtype=np.float32)
+    cache = np.ascontiguousarray(cache, dtype=np.uint8)
+    nq, n = q.shape
+    cpu.ggml_turboq_fa_q8_size.restype = C.c_size_t
+    cpu.ggml_turboq_fa_q8_size.argtypes = [C.c_int64]
+    cpu.ggml_turboq_fa_q8.argtypes = [C.c_int, C.c_void_p, C.c_int64, C.c_int64, C.c_void_p]
+    cpu.ggml_turboq_fa_kq_packed.argtypes = [C.c_int, C.c_void_p, C.c_size_t, C.c_int64, C.c_void_p, C.c_int64,
+                                             C.c_int64, C.c_void_p, C.c_int64]
+    cpu.ggml_turboq_fa_pv_packed.argtypes = [C.c_int, C.c_void_p, C.c_size_t, C.c_int64, C.c_void_p, C.c_int64,
+                                             C.c_int64, C.c_int64, C.c_void_p]
+    raw = np.zeros(cpu.ggml_turboq_fa_q8_size(n) + 64, dtype=np.uint8)
+    w = raw.ctypes.data + (-raw.ctypes.data) % 64  # the contract asks for 64-byte alignment
+    s = np.zeros((nq, n_rows), dtype=np.float32)
+    o = np.zeros((nq, n), dtype=np.float32)
+    bk = cache.size // n_rows
+    cpu.ggml_turboq_fa_q8(t, q.ctypes.data, nq, n, w)
+    cpu.ggml_turboq_fa_kq_packed(t, cache.ctypes.data, bk, n_rows, w, nq, n, s.ctypes.data, n_rows)
+    cpu.ggml_turboq_fa_pv_packed(t, cache.ctypes.data, bk, n_rows, p.ctypes.data, 64, nq, n, o.ctypes.data)
+    return s, o
 
 
 def fa_tolerance(lib, type_k: str, type_v: str, rows: int, tol: float) -> float:

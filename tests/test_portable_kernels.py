@@ -1,16 +1,22 @@
-"""The turboq CPU paths on other instruction sets: AArch64 NEON under qemu-user, x86 with AVX2
-and FMA off (the generic kernels), and x86 with AVX2 but without AVX-512 (the AVX2 kernels, which
-the native build does not compile on an AVX-512 machine).
+"""The turboq CPU paths on other instruction sets: AArch64 NEON under qemu-user (the armv8-a
+baseline, and with the dot-product extension), x86 with AVX2 and FMA off (the generic kernels),
+and x86 with AVX2 but without AVX-512 (the AVX2 kernels, which the native build does not compile
+on an AVX-512 machine).
 
-scripts/build_portable.sh builds tests/portable/turboq_check.c against the patched ggml three
-times: build-aarch64/ (cross-compiled, run with qemu-aarch64), build-scalar/ and build-avx2/ (the
-last runs on an x86 machine with AVX2; it skips on one without). Inputs are generated
+scripts/build_portable.sh builds tests/portable/turboq_check.c against the patched ggml four
+times: build-aarch64/ and build-aarch64-dotprod/ (cross-compiled, run with qemu-aarch64),
+build-scalar/ and build-avx2/ (the last runs on an x86 machine with AVX2; it skips on one without). Inputs are generated
 here, written to files, and the harness's results are compared with pyturbo.format.reference:
 - the codec (SET_ROWS into the cache, GET_ROWS back) bit for bit, over a few hundred groups (128
   values, or 64/32/16 for the _g64/_g32/_g16 twins; the trellis types too) that include zeros, NaN/Inf rows, huge and subnormal values;
 - flash attention within the x86 tests' tolerance (1e-4 of the output scale, as in
-  test_flash_attn_tiled.py) against float64 attention over the reference-decoded cache, on
-  the tiled path and on the one-row path (TURBOQ_FA_TILED=0, and ggml's use_ref).
+  test_flash_attn_tiled.py; helpers.TOL_PACKED where a short query tile reads the packed rows in
+  8-bit integers) against float64 attention over the reference-decoded cache, on the tiled path
+  and on the one-row path (TURBOQ_FA_TILED=0, and ggml's use_ref);
+- the packed kernels alone (the AVX2 and both AArch64 builds have them; the scalar one does not):
+  against float64 sums over the decoded rows, and bit for bit against the native build's, where
+  that has them too (here AVX-512 BW + VNNI): every arch computes the same integers and the same
+  floats from them.
 
 Without the builds the tests skip, except under CI=true or PYTURBO_REQUIRE_PORTABLE=1.
 """
@@ -25,10 +31,11 @@ import numpy as np
 import pytest
 
 from pyturbo.format import reference
+from pyturbo.format.codebook import codebooks
 from pyturbo._paths import build_dirs
 from pyturbo.types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, cache_type
 
-from helpers import causal_mask, decoded  # tests/ is on sys.path (pytest prepend mode)
+from helpers import TOL_PACKED, TOL_PACKED_LARGE, causal_mask, decoded, fa_packed, packed_kernels  # tests/ is on sys.path
 
 pytestmark = pytest.mark.portable
 
@@ -40,7 +47,7 @@ TURBOQ = ["turboq2", "turboq3", "turboq4", "turboq8", *TURBOQ_TWIN_TYPES, *TRELL
 
 def _runner(name: str) -> list[str]:
     exe = build_dirs()[f"PYTURBO_{name.upper()}_BUILD_DIR"] / "bin" / "turboq-check"
-    prefix = ["qemu-aarch64"] if name == "aarch64" else []
+    prefix = ["qemu-aarch64"] if name.startswith("aarch64") else []
     missing = [] if exe.exists() else [str(exe)]
     if prefix and shutil.which(prefix[0]) is None:
         missing.append(prefix[0])
@@ -61,11 +68,21 @@ def _has_avx2() -> bool:
     return {"avx2", "fma", "f16c", "bmi2"} <= flags
 
 
-@pytest.fixture(params=["aarch64", "scalar", "avx2"])
+@pytest.fixture(params=["aarch64", "aarch64_dotprod", "scalar", "avx2"])
 def harness(request):
     if request.param == "avx2" and not _has_avx2():
         pytest.skip("this machine has no AVX2")  # the build still compiles the AVX2 kernels
     return request.param, _runner(request.param)
+
+
+def is_packed(cmd: list[str], type_name: str) -> bool:
+    """Whether a decode step of this harness's build reads a cache of this type through the packed kernels."""
+    if not type_name.startswith("turboq"):
+        return False
+    r = subprocess.run([*cmd, "is-packed", str(cache_type(type_name).ggml_id)], capture_output=True, text=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip() == "1"
 
 
 def run(cmd: list[str], *args, env: dict[str, str] | None = None) -> None:
@@ -174,14 +191,63 @@ def test_flash_attention_matches_numpy(harness, case, tmp_path):
     out = raw[nk + nv:].view(np.float32).reshape(n_q, n_head, d).transpose(1, 0, 2)
 
     want = reference.attention(q, decoded(k, type_k), decoded(v, type_v), 1.0 / np.sqrt(d), mask, softcap)
-    bound = TOL * max(1.0, float(np.abs(want).max()))
+    rows = n_q * (n_head // n_head_kv)  # a KV head's query rows: a short last tile takes the packed kernels
+    short = path == "tiled" and 0 < rows % 64 < 16 and (is_packed(cmd, type_k) or is_packed(cmd, type_v))
+    tol = (TOL_PACKED_LARGE if softcap else TOL_PACKED) if short else TOL  # softcap's cases have q x 4
+    bound = tol * max(1.0, float(np.abs(want).max()))
     err = float(np.abs(out - want).max())
     assert err < bound, f"{name} {path}: max abs err {err:.3g} > {bound:.3g}"
     if softcap:
         uncapped = reference.attention(q, decoded(k, type_k), decoded(v, type_v), 1.0 / np.sqrt(d), mask)
-        assert np.abs(uncapped - want).max() > 100 * bound, "the case must be sensitive to the soft cap"
+        assert np.abs(uncapped - want).max() > 100 * TOL * max(1.0, float(np.abs(want).max())), \
+            "the case must be sensitive to the soft cap"
     if n_q > 3:
         assert not out[:, 3].any(), "a fully masked query row must come out as zeros"
+
+
+PACKED = ["turboq2", "turboq3", "turboq4", "turboq2_g64", "turboq3_g64", "turboq4_g64"]
+# (type, head size, query rows): two blocks a row with 3 queries (a GQA group), one with 16 and 1
+PACKED_CASES = [(t, n * cache_type(t).block_size, nq) for t in PACKED for n, nq in ((2, 3), (1, 16), (1, 1))]
+PACKED_ROWS = 61  # a tile's rows: odd, and not a multiple of the 8 or 16 rows the kernels take at once
+# Against float64 sums over the decoded rows, relative to the largest: Q's, the weights' and the
+# codebook's rounding to 8 bits (over five draws of these cases, up to 2.1e-2 for the scores and
+# 1.3e-2 for the V sums)
+TOL_PACKED_SCORES = 3e-2
+TOL_PACKED_SUMS = 2.5e-2
+
+
+@pytest.mark.parametrize("case", PACKED_CASES, ids=[f"{c[0]}-d{c[1]}-q{c[2]}" for c in PACKED_CASES])
+def test_packed_kernels_match_float64_and_the_native_build(harness, lib, case, tmp_path):
+    name, cmd = harness
+    type_name, n, nq = case
+    if not is_packed(cmd, type_name):
+        assert name == "scalar", f"the {name} build must read {type_name} through the packed kernels"
+        pytest.skip(f"no packed kernels in the {name} build")
+    rng = np.random.default_rng(n * 7 + nq)
+    q = rng.standard_normal((nq, n)).astype(np.float32)
+    x = rng.standard_normal((PACKED_ROWS, n)) * np.exp(rng.uniform(-2.0, 2.0, (PACKED_ROWS, 1)))
+    cache = reference.quantize(x.astype(np.float32).reshape(-1), type_name)
+    p = np.zeros((nq, 64), dtype=np.float32)
+    p[:, :PACKED_ROWS] = rng.exponential(1.0, (nq, PACKED_ROWS)) ** 3  # a softmax's spread: a few large
+    for arr, f in ((q, "q.f32"), (cache, "cache.bin"), (p, "p.f32")):
+        arr.tofile(tmp_path / f)
+    run(cmd, "packed", cache_type(type_name).ggml_id, n, nq, PACKED_ROWS,
+        *(tmp_path / f for f in ("q.f32", "cache.bin", "p.f32", "out.bin")))
+    out = np.fromfile(tmp_path / "out.bin", dtype=np.float32)
+    assert out.size == nq * (PACKED_ROWS + n)
+    s, o = out[:nq * PACKED_ROWS].reshape(nq, PACKED_ROWS), out[nq * PACKED_ROWS:].reshape(nq, n)
+
+    norms, idx = reference.unpack(type_name, cache)  # the rotated domain, where the kernels sum
+    y = (codebooks()[type_name][idx] * norms.astype(np.float64)[:, None]).reshape(PACKED_ROWS, n)
+    want_s, want_o = q.astype(np.float64) @ y.T, p[:, :PACKED_ROWS].astype(np.float64) @ y
+    err_s = float(np.abs(s - want_s).max() / np.abs(want_s).max())
+    err_o = float(np.abs(o - want_o).max() / np.abs(want_o).max())
+    assert err_s < TOL_PACKED_SCORES and err_o < TOL_PACKED_SUMS, f"{name}: scores {err_s:.3g}, V sums {err_o:.3g}"
+
+    if fa_packed(lib, type_name):  # the native build has them too: the same integers, the same floats
+        s_native, o_native = packed_kernels(lib, type_name, q, cache, PACKED_ROWS, p)
+        np.testing.assert_array_equal(s.view(np.uint32), s_native.view(np.uint32), err_msg=f"{name}: scores")
+        np.testing.assert_array_equal(o.view(np.uint32), o_native.view(np.uint32), err_msg=f"{name}: V sums")
 
 
 def test_harness_refuses_bad_input(harness, tmp_path):

@@ -1,7 +1,8 @@
 // turboq-check: runs the turboq CPU paths of a ggml build on inputs from files and writes what they
 // produce, for tests/test_portable_kernels.py to compare with pyturbo.format.reference. It exists for
-// builds that Python cannot load: an AArch64 build run under qemu-user, and the x86 build with
-// AVX2/FMA off. Everything goes through ggml graphs on the CPU, as in llama.cpp.
+// builds that Python cannot load: an AArch64 build run under qemu-user, and the x86 builds with
+// AVX2/FMA off and with AVX2 but not AVX-512. Everything but `packed` goes through ggml graphs on
+// the CPU, as in llama.cpp.
 //
 //   turboq-check codec TYPE N_PER_ROW N_ROWS in.f32 out.bin
 //       out: the cache after SET_ROWS of the rows (N_ROWS x row size bytes), then GET_ROWS of
@@ -11,15 +12,24 @@
 //       q [N_HEAD][N_Q][DK], k [N_HEAD_KV][N_KV][DK], v [N_HEAD_KV][N_KV][DV], mask [N_Q][N_KV];
 //       K and V are written into caches of TYPE_K/TYPE_V with SET_ROWS, then flash attention;
 //       out: the K cache bytes, the V cache bytes, the result [N_Q][N_HEAD][DV] as f32
-//   turboq-check speed TYPE N_ROWS REPS
+//   turboq-check packed TYPE N NQ NK q.f32 cache.bin p.f32 out.bin
+//       a decode step's packed kernels alone (ggml-cpu/turboq-cpu.h): Q [NQ][N] rounded once, the
+//       scores of NK <= 64 rows of N values held as TYPE's blocks (cache.bin), and the V sums of the
+//       same rows with the weights p [NQ][64]; out: the scores [NQ][NK], then the V sums [NQ][N]
+//       (from zeros); exit status 3 where the build has no packed kernels for TYPE
+//   turboq-check is-packed TYPE
+//       prints 1 where a decode step reads TYPE through the packed kernels in this build, else 0
+//   turboq-check speed TYPE N_ROWS REPS [FA_REPS]
 //       prints the seconds for REPS rounds of SET_ROWS + GET_ROWS over N_ROWS rows of 128 values,
-//       then for REPS one-row flash attentions over that cache (K = V, 4 query heads)
+//       then for FA_REPS (default REPS) one-row flash attentions over that cache (K = V, 4 query
+//       heads); bench/portable_insns.sh counts the attention alone from two FA_REPS
 // TYPE is a ggml type id. Errors go to stderr with exit status 1.
 
 #include "ggml.h"
 #include "ggml-cpu.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,6 +188,51 @@ static int cmd_fa(int argc, char ** argv) {
     return 0;
 }
 
+// ggml-cpu/turboq-cpu.h's packed kernels, which libggml-cpu exports outside ggml-cpu.h
+bool   ggml_turboq_fa_packed(enum ggml_type type);
+size_t ggml_turboq_fa_q8_size(int64_t n);
+void   ggml_turboq_fa_q8(enum ggml_type k_type, const float * q, int64_t nq, int64_t n, void * w);
+void   ggml_turboq_fa_kq_packed(enum ggml_type k_type, const void * k, size_t bk, int64_t nk, const void * w, int64_t nq,
+                                int64_t n, float * s, int64_t lds);
+void   ggml_turboq_fa_pv_packed(enum ggml_type v_type, const void * v, size_t bv, int64_t nv, const float * p, int64_t ldp,
+                                int64_t nq, int64_t n, float * o);
+
+static int cmd_packed(int argc, char ** argv) {
+    if (argc != 10) {
+        die("usage: packed TYPE N NQ NK q.f32 cache.bin p.f32 out.bin", NULL);
+    }
+    const enum ggml_type type = parse_type(argv[2]);
+    const int64_t n = parse_int(argv[3]), nq = parse_int(argv[4]), nk = parse_int(argv[5]);
+    if (!ggml_turboq_fa_packed(type)) {
+        fprintf(stderr, "turboq-check: no packed kernels for %s in this build\n", ggml_type_name(type));
+        return 3;
+    }
+    if (n <= 0 || n > 576 || n % 64 != 0 || n % ggml_blck_size(type) != 0 || nq < 1 || nq > 16 || nk < 1 || nk > 64) {
+        die("bad shape", NULL);
+    }
+    ggml_cpu_init();  // the F16 tables, which a graph's plan would have set up
+    const size_t bk = ggml_row_size(type, n);
+    float * q = malloc(nq*n*sizeof(float)), * p = malloc(nq*64*sizeof(float));
+    float * s = calloc(nq*nk, sizeof(float)), * o = calloc(nq*n, sizeof(float));
+    void  * cache = malloc(nk*bk);
+    void  * w = aligned_alloc(64, (ggml_turboq_fa_q8_size(n) + 63)/64*64);
+    read_exact(argv[6], q, nq*n*sizeof(float));
+    read_exact(argv[7], cache, nk*bk);
+    read_exact(argv[8], p, nq*64*sizeof(float));
+    ggml_turboq_fa_q8(type, q, nq, n, w);
+    ggml_turboq_fa_kq_packed(type, cache, bk, nk, w, nq, n, s, nk);
+    ggml_turboq_fa_pv_packed(type, cache, bk, nk, p, 64, nq, n, o);
+    FILE * f = fopen(argv[9], "wb");
+    if (!f) {
+        die("cannot open", argv[9]);
+    }
+    write_all(f, s, nq*nk*sizeof(float));
+    write_all(f, o, nq*n*sizeof(float));
+    fclose(f);
+    free(q); free(p); free(s); free(o); free(cache); free(w);
+    return 0;
+}
+
 static double seconds_since(const struct timespec * t0) {
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -185,12 +240,13 @@ static double seconds_since(const struct timespec * t0) {
 }
 
 static int cmd_speed(int argc, char ** argv) {
-    if (argc != 5) {
-        die("usage: speed TYPE N_ROWS REPS", NULL);
+    if (argc != 5 && argc != 6) {
+        die("usage: speed TYPE N_ROWS REPS [FA_REPS]", NULL);
     }
     const enum ggml_type type = parse_type(argv[2]);
     const int64_t n_rows = parse_int(argv[3]), reps = parse_int(argv[4]);
-    if (n_rows <= 0 || reps <= 0) {
+    const int64_t fa_reps = argc == 6 ? parse_int(argv[5]) : reps;
+    if (n_rows <= 0 || reps <= 0 || fa_reps <= 0) {
         die("bad shape", NULL);
     }
     struct ggml_context * ctx = new_context((size_t) n_rows * 128 * 4 * 4 + (size_t) n_rows * 8 + 4096);
@@ -215,7 +271,7 @@ static int cmd_speed(int argc, char ** argv) {
     struct ggml_tensor * kv = ggml_reshape_3d(ctx, stored->view_src, 128, n_rows, 1);
     struct ggml_tensor * out = ggml_flash_attn_ext(ctx, q, kv, kv, NULL, 1.0f/sqrtf(128.0f), 0.0f, 0.0f);
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int64_t r = 0; r < reps; ++r) {
+    for (int64_t r = 0; r < fa_reps; ++r) {
         compute(ctx, out, 1, 0);
     }
     printf("%.6f %.6f\n", t_codec, seconds_since(&t0));
@@ -230,9 +286,16 @@ int main(int argc, char ** argv) {
     if (argc >= 2 && strcmp(argv[1], "fa") == 0) {
         return cmd_fa(argc, argv);
     }
+    if (argc >= 2 && strcmp(argv[1], "packed") == 0) {
+        return cmd_packed(argc, argv);
+    }
+    if (argc == 3 && strcmp(argv[1], "is-packed") == 0) {
+        printf("%d\n", ggml_turboq_fa_packed(parse_type(argv[2])) ? 1 : 0);
+        return 0;
+    }
     if (argc >= 2 && strcmp(argv[1], "speed") == 0) {
         return cmd_speed(argc, argv);
     }
-    die("usage: turboq-check codec|fa|speed ...", NULL);
+    die("usage: turboq-check codec|fa|packed|is-packed|speed ...", NULL);
     return 1;
 }
