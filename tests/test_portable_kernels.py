@@ -249,6 +249,14 @@ def test_packed_kernels_match_float64_and_the_native_build(harness, lib, case, t
         np.testing.assert_array_equal(s.view(np.uint32), s_native.view(np.uint32), err_msg=f"{name}: scores")
         np.testing.assert_array_equal(o.view(np.uint32), o_native.view(np.uint32), err_msg=f"{name}: V sums")
 
+    # a tile whose largest weight is below 1e-30 (255/max would overflow, and each arch's conversion
+    # of an infinity differs): zeros on every arch, as a softmax tile that small weighs nothing
+    (p * np.float32(1e-36)).astype(np.float32).tofile(tmp_path / "p.f32")
+    run(cmd, "packed", cache_type(type_name).ggml_id, n, nq, PACKED_ROWS,
+        *(tmp_path / f for f in ("q.f32", "cache.bin", "p.f32", "out.bin")))
+    o_tiny = np.fromfile(tmp_path / "out.bin", dtype=np.float32)[nq * PACKED_ROWS:]
+    assert not o_tiny.any(), f"{name}: a tile of weights below 1e-30 must add nothing"
+
 
 def test_harness_refuses_bad_input(harness, tmp_path):
     _, cmd = harness
