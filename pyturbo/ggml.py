@@ -87,6 +87,14 @@ class Ggml:
         cpu.ggml_graph_plan.argtypes = [vp, C.c_int, vp]
         cpu.ggml_graph_compute.restype = C.c_int
         cpu.ggml_graph_compute.argtypes = [vp, C.POINTER(CPlan)]
+        # a decode step's packed turboq kernels (ggml-cpu/turboq-cpu.h, patch 46), for the tests
+        cpu.ggml_turboq_fa_packed.restype = C.c_bool
+        cpu.ggml_turboq_fa_packed.argtypes = [C.c_int]
+        cpu.ggml_turboq_fa_q8_size.restype = C.c_size_t
+        cpu.ggml_turboq_fa_q8_size.argtypes = [i64]
+        cpu.ggml_turboq_fa_q8.argtypes = [C.c_int, vp, i64, i64, vp]
+        cpu.ggml_turboq_fa_kq_packed.argtypes = [C.c_int, vp, C.c_size_t, i64, vp, i64, i64, vp, i64]
+        cpu.ggml_turboq_fa_pv_packed.argtypes = [C.c_int, vp, C.c_size_t, i64, vp, i64, i64, i64, vp]
         cpu.ggml_cpu_init.argtypes = []
         cpu.ggml_cpu_init()
 

@@ -236,20 +236,12 @@ def packed_kernels(lib, type_name: str, q: np.ndarray, cache: np.ndarray, n_rows
     """The packed kernels of this CPU build alone (ggml-cpu/turboq-cpu.h), as turboq-check's `packed`
     runs them: q [nq][n] rounded once, the scores [nq][n_rows] of the rows held in cache (TYPE's
     blocks), and the V sums [nq][n] of the same rows with the weights p [nq][64], from zeros."""
-    import ctypes as C
     from pyturbo.types import cache_type
-    cpu, t = lib.cpu, cache_type(type_name).ggml_id
+    cpu, t = lib.cpu, cache_type(type_name).ggml_id  # signatures: pyturbo.ggml.Ggml
     q = np.ascontiguousarray(q, dtype=np.float32)
     p = np.ascontiguousarray(p, dtype=np.float32)
     cache = np.ascontiguousarray(cache, dtype=np.uint8)
     nq, n = q.shape
-    cpu.ggml_turboq_fa_q8_size.restype = C.c_size_t
-    cpu.ggml_turboq_fa_q8_size.argtypes = [C.c_int64]
-    cpu.ggml_turboq_fa_q8.argtypes = [C.c_int, C.c_void_p, C.c_int64, C.c_int64, C.c_void_p]
-    cpu.ggml_turboq_fa_kq_packed.argtypes = [C.c_int, C.c_void_p, C.c_size_t, C.c_int64, C.c_void_p, C.c_int64,
-                                             C.c_int64, C.c_void_p, C.c_int64]
-    cpu.ggml_turboq_fa_pv_packed.argtypes = [C.c_int, C.c_void_p, C.c_size_t, C.c_int64, C.c_void_p, C.c_int64,
-                                             C.c_int64, C.c_int64, C.c_void_p]
     raw = np.zeros(cpu.ggml_turboq_fa_q8_size(n) + 64, dtype=np.uint8)
     w = raw.ctypes.data + (-raw.ctypes.data) % 64  # the contract asks for 64-byte alignment
     s = np.zeros((nq, n_rows), dtype=np.float32)

@@ -27,9 +27,9 @@
 
 #include "ggml.h"
 #include "ggml-cpu.h"
+#include "ggml-cpu/turboq-cpu.h"  // the packed kernels, which libggml-cpu exports outside ggml-cpu.h
 
 #include <math.h>
-#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,15 +187,6 @@ static int cmd_fa(int argc, char ** argv) {
     ggml_free(ctx);
     return 0;
 }
-
-// ggml-cpu/turboq-cpu.h's packed kernels, which libggml-cpu exports outside ggml-cpu.h
-bool   ggml_turboq_fa_packed(enum ggml_type type);
-size_t ggml_turboq_fa_q8_size(int64_t n);
-void   ggml_turboq_fa_q8(enum ggml_type k_type, const float * q, int64_t nq, int64_t n, void * w);
-void   ggml_turboq_fa_kq_packed(enum ggml_type k_type, const void * k, size_t bk, int64_t nk, const void * w, int64_t nq,
-                                int64_t n, float * s, int64_t lds);
-void   ggml_turboq_fa_pv_packed(enum ggml_type v_type, const void * v, size_t bv, int64_t nv, const float * p, int64_t ldp,
-                                int64_t nq, int64_t n, float * o);
 
 static int cmd_packed(int argc, char ** argv) {
     if (argc != 10) {
