@@ -12,7 +12,7 @@
 #        (SET_ROWS, GET_ROWS, CPY, FLASH_ATTN_EXT; fails unless CUDA0 ran N/N tests with N > 0),
 #        and the turboq FA cases again with GGML_CUDA_TURBOQ_FA=packed (the packed-block kernel at
 #        every batch size), the _g64/_g32/_g16 twins' and the trellis types' cases (the build has
-#        -DGGML_CUDA_TURBOQ_TWINS=ON and -DPYTURBO_TRELLIS=ON), then
+#        -DGGML_CUDA_TURBOQ_TWINS=ON), then
 #        llama-bench -ngl 99 -fa 1 -p 512 -n 64 -d 0,8192,32768 for each configuration, on the
 #        zero-weight 8B-shaped model first, and one ratio table to f16.
 #
@@ -163,7 +163,7 @@ LAUNCH=()
 command -v ccache >/dev/null && LAUNCH=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 t=$(date +%s)
 if ! cmake -S "$ROOT" -B "$BDIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_DIR="$UP" \
-        -DGGML_CUDA_TURBOQ_TWINS=ON -DPYTURBO_TRELLIS=ON \
+        -DGGML_CUDA_TURBOQ_TWINS=ON \
         -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$NVCC" \
         "${LAUNCH[@]}" "${CUBLAS_ARGS[@]}" > "$OUT/configure.log" 2>&1; then
     tail -n 30 "$OUT/configure.log"; say "FAIL: configure (see configure.log)"; exit 1

@@ -229,8 +229,7 @@ def _type_names(text: str) -> str:
 
 
 def _check_type_id(type_id: int) -> None:
-    # an id llama.cpp does not know aborts the whole process in ggml; refuse it here instead (libllama
-    # refuses a trellis type itself without PYTURBO_TRELLIS=1)
+    # an id llama.cpp does not know aborts the whole process in ggml; refuse it here instead
     if type_id not in {t.ggml_id for t in (*CACHE_TYPES.values(), *TRELLIS_TYPES.values())}:
-        names = ", ".join(f"{t.name}={t.ggml_id}" for t in CACHE_TYPES.values())
+        names = ", ".join(f"{t.name}={t.ggml_id}" for t in (*CACHE_TYPES.values(), *TRELLIS_TYPES.values()))
         raise ValueError(f"KV cache type id {type_id} is not a llama.cpp cache type; valid: {names}")

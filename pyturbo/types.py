@@ -6,7 +6,6 @@ KV-cache type. Names are the strings that llama.cpp's `-ctk/-ctv` take.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 
 @dataclass(frozen=True)
@@ -79,9 +78,8 @@ TURBOQ_G16_TYPES = tuple(G16_TYPES)
 
 
 # The trellis-coded types (issue 21): turboq3's and turboq2's bits and block sizes, values read through a
-# 64-state trellis. Experimental: ggml's CPU and Vulkan backends (CUDA's kernels have not run on a GPU), and libllama (so every tool, and
-# requested_cache_type here) takes them only in a build with the option -DPYTURBO_TRELLIS (on by default; a
-# build may leave them out with -DPYTURBO_TRELLIS=OFF). The codec, the reference, kv_bytes and pyturbo.hf take them.
+# 64-state trellis, for heads that are a multiple of 128. ggml's CPU and Vulkan backends compute them; CUDA's
+# kernels have not run on a GPU, so CUDA takes them only when built with -DGGML_CUDA_TURBOQ_TWINS=ON.
 TRELLIS_TYPES: dict[str, CacheType] = {t.name: t for t in (
     CacheType("turboq3t", 76, TURBOQ_GROUP, 50),
     CacheType("turboq2t", 77, TURBOQ_GROUP, 34),
@@ -92,24 +90,16 @@ def _type_by_id(ggml_id: int) -> CacheType:
     return next(t for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values(), *TRELLIS_TYPES.values()) if t.ggml_id == ggml_id)
 
 
-@lru_cache(maxsize=1)
-def trellis_built() -> bool:
-    """Whether the built libllama takes the trellis types as cache types (-DPYTURBO_TRELLIS=ON)."""
-    import ctypes as C
-    from ._paths import llama_function
-    return bool(llama_function("llama_turboq_trellis_built", C.c_bool)())
-
-
-def trellis_released(name: str | CacheType) -> str:
-    """The released turboq type that stores a trellis type's bits in its block size (turboq3t: turboq3),
-    which a refusal of the trellis type names (libllama's llama_turboq_trellis_released_type)."""
+def trellis_scalar(name: str | CacheType) -> str:
+    """The scalar turboq type that stores a trellis type's bits in its block size (turboq3t: turboq3),
+    which a refusal of the trellis type names (libllama's llama_turboq_trellis_scalar_type)."""
     import ctypes as C
     from ._paths import llama_function
     t = cache_type(name)
-    released = llama_function("llama_turboq_trellis_released_type", C.c_int32, C.c_int32)(t.ggml_id)
-    if released < 0:
+    scalar = llama_function("llama_turboq_trellis_scalar_type", C.c_int32, C.c_int32)(t.ggml_id)
+    if scalar < 0:
         raise ValueError(f"{t.name!r} is not a trellis type")
-    return _type_by_id(released).name
+    return _type_by_id(scalar).name
 
 
 def turboq_base(name: str | CacheType) -> str:
@@ -135,13 +125,8 @@ def layer_cache_type(name: str | CacheType, head_dim: int) -> CacheType:
 def requested_cache_type(name: str | CacheType) -> CacheType:
     """A cache type as a user asks for one (-ctk/-ctv, cache_type_k=): the names llama.cpp's tools take.
     A twin (_g64, _g32, _g16) is refused, saying which name to ask for: llama.cpp picks the twin per layer,
-    and given one directly it would skip the per-layer rule (and the flash-attention check). A trellis type is
-    taken only where the built libllama takes it (-DPYTURBO_TRELLIS=ON)."""
+    and given one directly it would skip the per-layer rule (and the flash-attention check)."""
     t = cache_type(name)
-    if t.name in TRELLIS_TYPES and not trellis_built():
-        raise ValueError(f"KV cache type {t.name!r} is experimental (ggml's CPU and Vulkan backends), and this build leaves "
-                         f"it out: configure with -DPYTURBO_TRELLIS=ON (the default); "
-                         f"{trellis_released(t)!r} is its released equivalent")
     if t.name in TWIN_TYPES:
         base, g = turboq_base(t), t.block_size
         raise ValueError(f"KV cache type {t.name!r} is the {g}-value form that llama.cpp stores for {base} on layers "
@@ -159,5 +144,5 @@ def cache_type(name: str | CacheType) -> CacheType:
     try:
         return CACHE_TYPES[key] if key in CACHE_TYPES else TWIN_TYPES[key] if key in TWIN_TYPES else TRELLIS_TYPES[key]
     except KeyError:
-        valid = ", ".join(CACHE_TYPES)
+        valid = ", ".join((*CACHE_TYPES, *TRELLIS_TYPES))
         raise ValueError(f"unknown KV cache type {name!r}; valid types: {valid}") from None

@@ -7,6 +7,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/build_dirs.sh
 cmake -S . -B "$PYTURBO_SEEDED_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" \
-    $(compiler_args) -DPYTURBO_SIGN_SEED=7 \
-    -DPYTURBO_TRELLIS=OFF >/dev/null  # the refusal of a trellis type by a build without them is tested on it
+    $(compiler_args) -DPYTURBO_SIGN_SEED=7 >/dev/null
 cmake --build "$PYTURBO_SEEDED_BUILD_DIR" -j"$(nproc)" --target llama llama-perplexity ggml-rpc-server

@@ -147,19 +147,13 @@ def test_other_head_sizes_pad_the_row_to_whole_blocks(rng):
     np.testing.assert_allclose(k_out.transpose(1, 2).reshape(b, t, h * d).numpy(), back, rtol=0, atol=1e-5)
 
 
-def test_trellis_types_are_llama_cpps_bytes_and_refused_where_llama_cpp_refuses_them(rng, monkeypatch):
+def test_trellis_types_are_llama_cpps_bytes_and_refused_where_llama_cpp_refuses_them(rng):
     """turboq3t K / turboq2t V on 2 heads of 128: the stored rows are the reference's (and so the C
-    codec's) bytes; like libllama, the cache takes them only where the build does (-DPYTURBO_TRELLIS=ON)
-    and refuses them at a head size that is not a multiple of 128, naming the released type."""
-    from pyturbo import types
+    codec's) bytes; like libllama, the cache refuses them at a head size that is not a multiple of
+    128, naming the scalar type of the same bits."""
     b, h, t, d = 1, 2, 5, 128
     k = torch.from_numpy((rng.standard_normal((b, h, t, d)) * 3).astype(np.float32))
     v = torch.from_numpy(rng.standard_normal((b, h, t, d)).astype(np.float32))
-    assert types.trellis_built()  # scripts/setup.sh's build
-    monkeypatch.setattr(types, "trellis_built", lambda: False)  # as a build without the option answers
-    with pytest.raises(ValueError, match="configure with -DPYTURBO_TRELLIS=ON.*'turboq3' is its released equivalent"):
-        TurboQuantLayer("turboq3t", "turboq3")
-    monkeypatch.undo()
     layer = TurboQuantLayer("turboq3t", "turboq2t", k_center=False)
     k_out, v_out = layer.update(k, v)
     assert layer.keys.shape == (b, t, h * 50) and layer.values.shape == (b, t, h * 34)
@@ -168,10 +162,10 @@ def test_trellis_types_are_llama_cpps_bytes_and_refused_where_llama_cpp_refuses_
         np.testing.assert_array_equal(stored.numpy().ravel(), reference.quantize(rows, name))
         back = reference.dequantize(stored.numpy().ravel(), name).reshape(b, t, h * d)
         np.testing.assert_allclose(out.transpose(1, 2).reshape(b, t, h * d).numpy(), back, rtol=0, atol=1e-5)
-    for d_bad, released in ((64, "turboq3"), (96, "turboq3")):
-        with pytest.raises(ValueError, match=f"head_dim is {d_bad}; the released {released} takes it"):
+    for d_bad, scalar in ((64, "turboq3"), (96, "turboq3")):
+        with pytest.raises(ValueError, match=f"head_dim is {d_bad}; its scalar twin {scalar} takes it"):
             TurboQuantLayer("turboq3t", "turboq3").update(torch.randn(1, 2, 1, d_bad), torch.randn(1, 2, 1, d_bad))
-    with pytest.raises(ValueError, match="head_dim is 64; the released turboq2 takes it"):
+    with pytest.raises(ValueError, match="head_dim is 64; its scalar twin turboq2 takes it"):
         TurboQuantLayer("turboq3", "turboq2t").update(torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64))
 
 
@@ -380,7 +374,7 @@ def cross_check_ppl():
 @pytest.mark.parametrize("model,type_name", [("gemma_lm", "turboq3"), ("smollm2_lm", "turboq3"), ("gemma_lm", "turboq3t")])
 def test_ppl_cross_check_with_llama_cpp(model, type_name, request, cross_check_ppl):
     """Gemma 3 (head_dim 256, 128-value groups) and SmolLM2 (head_dim 64: the _g64 twins on both sides);
-    the trellis type turboq3t on Gemma (the build takes it: -DPYTURBO_TRELLIS=ON)."""
+    the trellis type turboq3t on Gemma."""
     lm = request.getfixturevalue(model)
     types = ("f16", type_name)
     runs = {t: cross_check_ppl(model, lm, t) for t in types}

@@ -191,7 +191,7 @@ def test_head_dim_72_is_refused_with_its_head_dim(tiny72, short_text):
 
 def test_help_lists_turboq_types():
     r = run_tool("llama-perplexity", "--help", check=False)
-    for t in ("turboq2", "turboq3", "turboq4", "turboq8"):
+    for t in ("turboq2", "turboq3", "turboq4", "turboq8", "turboq3t", "turboq2t"):
         assert t in r.stdout + r.stderr
 
 
@@ -456,22 +456,8 @@ def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):
 
 
 
-@pytest.mark.seeded
-def test_trellis_types_are_refused_by_a_build_without_them(seeded_build, tiny128, short_text, monkeypatch):
-    """A build configured with -DPYTURBO_TRELLIS=OFF (scripts/build_seeded.sh's is
-    one) refuses turboq3t and turboq2t as cache types, saying how to get them and naming the
-    released type of the same bits; the main build (the default, ON) takes them."""
-    bin_dir, _ = seeded_build
-    monkeypatch.setenv("PYTURBO_BUILD_DIR", str(bin_dir.parent))  # where run_tool finds the tool and its libraries
-    r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "128",
-                 "-ctk", "turboq3t", "-ctv", "turboq3t", check=False)
-    out = r.stderr + r.stdout
-    assert r.returncode > 0 and "KV cache type turboq3t is experimental" in out
-    assert "configure with -DPYTURBO_TRELLIS=ON" in out and "turboq3 is its released equivalent" in out
-
-
 def test_trellis_types_beat_their_scalar_twins(tiny128, short_text, tmp_path):
-    """turboq3t and turboq2t (issue 21's trellis, experimental; the main build takes them), end to end
+    """turboq3t and turboq2t (issue 21's trellis), end to end
     on a random model (where KLD follows the codec's MSE): each has less KLD than the scalar type of
     its bits, and gives it twice."""
     base = tmp_path / "f16.kld"
@@ -482,11 +468,11 @@ def test_trellis_types_beat_their_scalar_twins(tiny128, short_text, tmp_path):
     assert 0 < kld["turboq3t"] < 0.9 * kld["turboq3"]
     assert 0 < kld["turboq2t"] < 0.9 * kld["turboq2"]
     assert perplexity(tiny128, short_text, "turboq2t", "turboq2t", ctx=256, chunks=3, kld_base=base).kld == kld["turboq2t"]
-    # no 64-value trellis: head size 64 is refused, naming the released type that takes it
+    # no 64-value trellis: head size 64 is refused, naming the scalar type that takes it
     r = run_tool("llama-perplexity", "-m", str(data.tiny_model(head_dim=64)), "-f", str(short_text), "-c", "128",
                  "-fa", "on", "-ctk", "turboq2t", "-ctv", "turboq2t", check=False)
     assert r.returncode > 0
-    assert "the trellis types store 128-value groups only, and this model's head size is 64; the released turboq2 takes it" \
+    assert "the trellis types store 128-value groups only, and this model's head size is 64; its scalar twin turboq2 takes it" \
         in r.stderr + r.stdout
 
 BAD_INPUT = [

@@ -157,7 +157,7 @@ FA_CASES = [
     ("turboq3_g16", "turboq3_g16", 80, 8, 2, 1, 300, 2, "tiled", 0.0),
     ("turboq4_g16", "turboq2_g16", 48, 4, 1, 8, 300, 1, "tiled", 5.0),
     ("turboq2_g16", "turboq8_g16", 80, 8, 2, 8, 300, 1, "onerow", 0.0),
-    # the trellis types (experimental): their decoders on each instruction set
+    # the trellis types: their decoders on each instruction set
     ("turboq3t", "turboq2t", 128, 4, 1, 8, 300, 2, "tiled", 0.0),
     ("turboq2t", "turboq3t", 256, 4, 1, 1, 200, 1, "onerow", 0.0),
 ]

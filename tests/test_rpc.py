@@ -177,14 +177,14 @@ def test_a_twin_turboq_cache_is_refused_on_rpc(rpc_endpoints, head_dim, g):
 
 
 def test_a_trellis_cache_is_refused_on_rpc(rpc_endpoints):
-    """The experimental trellis types (issue 21) are refused on a layer that runs on an RPC server,
-    whose build may lack them, with its cache there and with it kept here, naming the released type
-    of the same bits; the same model runs with them on this machine."""
+    """The trellis types (issue 21) are refused on a layer that runs on an RPC server, whose device
+    may decline them (CUDA without its switch), with its cache there and with it kept here, naming
+    the scalar type of the same bits; the same model runs with them on this machine."""
     path, text = data.tiny_model(head_dim=128, n_layer=4), data.corpus_slice(12000)
     rpc = ("--rpc", ",".join(rpc_endpoints), "-ngl", "99")
     for extra in (rpc, (*rpc, "--no-kv-offload")):
         with pytest.raises(RuntimeError, match=r"layer 0: its KV cache is K turboq3t, V turboq2t, and this layer runs on "
-                                               r"RPC.*an RPC server, whose build may lack the experimental trellis types.*"
+                                               r"RPC.*an RPC server, whose device may decline the trellis types.*"
                                                r"use turboq3"):
             perplexity(path, text, "turboq3t", "turboq2t", ctx=256, chunks=1, extra=extra)
     assert perplexity(path, text, "turboq3t", "turboq2t", ctx=256, chunks=1).ppl > 0

@@ -14,7 +14,7 @@ The rule (stated the same way at the top of docs/settings.md):
   read in pyturbo/, server/, tests/, scripts/, bench/ or ggml_patches/*.py: Python's
   `os.environ.get(X)`, `os.environ.setdefault(X, ...)`, `os.environ[X]` (not as an assignment or
   a `del`), `X in os.environ` and `os.getenv(X)`, where X is a string literal or a module
-  constant assigned one (`TRELLIS_ENV = "PYTURBO_TRELLIS"`), and the shell's `$NAME` and
+  constant assigned one (`ENV = "LLAMA_ARG_KV_K_CENTER"`), and the shell's `$NAME` and
   `${NAME...}` (`${NAME:-default}`, `${NAME:=default}`) outside comment lines. Names outside the
   prefixes (MODEL, PORT, CUDA_CHECK_*, XDG_CACHE_HOME, ...) are the scripts' own or other
   programs' and are not in the table. Setting a variable for a child process is not a read.

@@ -35,7 +35,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
 
 from .. import layer_adaptive as la
-from ..types import TRELLIS_TYPES, requested_cache_type, trellis_released
+from ..types import TRELLIS_TYPES, requested_cache_type, trellis_scalar
 from . import torch_codec as tc
 
 CENTER_TOKENS = 512
@@ -69,7 +69,7 @@ class _Codec:
         if self.type in TRELLIS_TYPES and d % TRELLIS_TYPES[self.type].block_size:
             # as libllama refuses it: no trellis twins of smaller groups, and a group across heads would store padding
             raise ValueError(f"{side} cache {self.type}: the trellis types store 128-value groups only, and these states' "
-                             f"head_dim is {d}; the released {trellis_released(self.type)} takes it")
+                             f"head_dim is {d}; its scalar twin {trellis_scalar(self.type)} takes it")
         self.n = h * d
         self.n_pad = padded_row(self.type, self.n)
 

@@ -12,6 +12,7 @@ costs 2^L states per value, which is what a shipped type would pay on every toke
     python -m pyturbo.lab.trellis e2e --chunks 20 # KLD vs the exact cache, the model in transformers
     python -m pyturbo.lab.trellis e2e --chunks 10 --states 6 8 --seeds 2   # 64 and 256 states, 2 draws
     python -m pyturbo.lab.trellis e2e --chunks 1 --ctx 8192 --text pydoc --states 6   # at c=8192
+    python -m pyturbo.lab.trellis e2e --model smollm2-135m --sink 1 --states 6   # head 64: 64-value groups
 
 `e2e` is end to end without a C encoder: the bundled model runs in transformers on chunks of
 botchan.txt (or `--text`) as llama-perplexity takes them (BOS first, 512 tokens or `--ctx`, one
@@ -48,7 +49,8 @@ def main() -> None:
 
 
 def e2e(n_chunks: int, threads: int = 2, seeds: tuple[int | None, ...] = (None,), states: tuple[int, ...] = (8,),
-        baselines: bool = True, n: int = 512, text: str | None = None) -> None:
+        baselines: bool = True, n: int = 512, text: str | None = None, model: str | None = None,
+        sink: int = 0) -> None:
     import torch
     from transformers import DynamicCache
 
@@ -57,17 +59,21 @@ def e2e(n_chunks: int, threads: int = 2, seeds: tuple[int | None, ...] = (None,)
     from . import kvlab
 
     torch.set_num_threads(threads)
-    lm = load()
-    lab = kvlab.load(kvlab.dumped(data.default_model()))  # the dump's Q/K give the channel scale
-    scales = kvlab.channel_scales(lab)
+    lm = load(model)
+    lab = kvlab.load(kvlab.dumped(lm.gguf))  # the dump's Q/K give the channel scale
+    scales = kvlab.channel_scales(lab, neox=lm.model.config.model_type not in ("llama", "mistral", "granite"))
+    # a head of 64 (SmolLM2) stores its twin, 64-value groups with their own norm
+    G = min(kvlab.D, lab[0]["k0"].shape[2])
     V = kvlab.Variant
-    configs = {"q4_0": lambda s: (kvlab.mainline("q4_0"),) * 2} if baselines else {}
+    configs = {"q4_0": lambda s: (kvlab.mainline("q4_0"),) * 2} if baselines and G == kvlab.D else {}
     for b in (3, 2):
         if baselines:
-            configs[f"turboq{b}"] = lambda s, b=b: (kvlab.tq(V(b, seed=s), scales=scales), kvlab.tq(V(b, seed=s)))
+            configs[f"turboq{b}"] = lambda s, b=b: (kvlab.tq(V(b, seed=s, group=G), protect=sink, scales=scales),
+                                                    kvlab.tq(V(b, seed=s, group=G), protect=sink))
         for L in states:
-            configs[f"turboq{b}, trellis 2^{L}"] = lambda s, b=b, L=L: (kvlab.tq(V(b, seed=s, trellis=L), scales=scales),
-                                                                       kvlab.tq(V(b, seed=s, trellis=L)))
+            configs[f"turboq{b}, trellis 2^{L}"] = lambda s, b=b, L=L: (
+                kvlab.tq(V(b, seed=s, trellis=L, group=G), protect=sink, scales=scales),
+                kvlab.tq(V(b, seed=s, trellis=L, group=G), protect=sink))
 
     class Coded(DynamicCache):
         def __init__(self, k, v):
@@ -112,8 +118,9 @@ def e2e(n_chunks: int, threads: int = 2, seeds: tuple[int | None, ...] = (None,)
         return np.concatenate(out)
 
     base = [hidden(c, DynamicCache(config=lm.model.config)) for c in chunks]
-    print(f"{n_chunks} chunks of {n} (second half scored), KLD vs the exact cache, mean over the chunks' tokens; "
-          f"{len(seeds)} rotation draw(s)\n\n| K/V | mean KLD | median | p99.9 |\n|---|---|---|---|", flush=True)
+    print(f"{lm.gguf.name}: {n_chunks} chunks of {n} (second half scored), KLD vs the exact cache, mean over the "
+          f"chunks' tokens; {len(seeds)} rotation draw(s); {G}-value groups; first {sink} token(s) exact\n\n"
+          "| K/V | mean KLD | median | p99.9 |\n|---|---|---|---|", flush=True)
     for name, make in configs.items():
         for s in seeds:
             klds = []
@@ -136,8 +143,11 @@ if __name__ == "__main__":
     ap.add_argument("--no-baselines", action="store_true", help="e2e: the trellis rows only (not q4_0, turboq3, turboq2)")
     ap.add_argument("--ctx", type=int, default=512, help="e2e: tokens per chunk (llama-perplexity's -c)")
     ap.add_argument("--text", help="e2e: a text file, or botchan / pydoc (default: botchan)")
+    ap.add_argument("--model", help="e2e: a GGUF path, gemma3-270m or smollm2-135m (default: the bundled Gemma 3)")
+    ap.add_argument("--sink", type=int, default=0, help="e2e: the first N tokens kept exact, as sink rows keep them")
     a = ap.parse_args()
     if a.what == "e2e":
-        e2e(a.chunks, a.threads, (None, *range(1, a.seeds)), tuple(a.states), not a.no_baselines, a.ctx, a.text)
+        e2e(a.chunks, a.threads, (None, *range(1, a.seeds)), tuple(a.states), not a.no_baselines, a.ctx, a.text,
+            a.model, a.sink)
     else:
         main()
