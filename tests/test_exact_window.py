@@ -442,8 +442,8 @@ def test_sink_rows_keep_decode_state_and_sequences_right(Llama, tiny128, short_t
     """pyturbo.Llama's kv_exact_sink: token by token after a prompt, the logits are those of the
     prompt and the tokens in one pass (sinks read from their slots); a saved state restores into a
     context with the same sinks and continues with the same bits, and is refused, naming the
-    setting, by one with other sinks or none; removing a sink position means the cache cannot
-    continue as if fresh."""
+    setting, by one with other sinks, none, or a window beside them; removing a sink position means
+    the cache cannot continue as if fresh."""
     import ctypes
 
     import numpy as np
@@ -485,6 +485,9 @@ def test_sink_rows_keep_decode_state_and_sequences_right(Llama, tiny128, short_t
     np.testing.assert_array_equal(b.scores[47], a.scores[47])
     assert_state_refused(make(4), state, r"the state keeps 2 sink rows per sequence, this cache 4 \(turboq.exact_sink\)")
     assert_state_refused(make(0), state, r"saved with exact sink rows \(turboq.exact_sink\)")
+    # a window beside the same sinks: the refusal names the window, not its margin
+    assert_state_refused(make(2, kv_exact_window=8), state,
+                         r"the state's window is 0 positions .* this cache's 8 and 16 over \d+ \(turboq.exact_window\)")
 
     assert can_continue(a._ctx.ctx, 0, 48)
     a._ctx.kv_cache_seq_rm(0, 1, 2)

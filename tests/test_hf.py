@@ -163,9 +163,9 @@ def test_trellis_types_are_llama_cpps_bytes_and_refused_where_llama_cpp_refuses_
         back = reference.dequantize(stored.numpy().ravel(), name).reshape(b, t, h * d)
         np.testing.assert_allclose(out.transpose(1, 2).reshape(b, t, h * d).numpy(), back, rtol=0, atol=1e-5)
     for d_bad, scalar in ((64, "turboq3"), (96, "turboq3")):
-        with pytest.raises(ValueError, match=f"head_dim is {d_bad}; its scalar twin {scalar} takes it"):
+        with pytest.raises(ValueError, match=f"head_dim is {d_bad}; the scalar {scalar} of the same bits takes it"):
             TurboQuantLayer("turboq3t", "turboq3").update(torch.randn(1, 2, 1, d_bad), torch.randn(1, 2, 1, d_bad))
-    with pytest.raises(ValueError, match="head_dim is 64; its scalar twin turboq2 takes it"):
+    with pytest.raises(ValueError, match="head_dim is 64; the scalar turboq2 of the same bits takes it"):
         TurboQuantLayer("turboq3", "turboq2t").update(torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64))
 
 
@@ -386,3 +386,35 @@ def test_ppl_cross_check_with_llama_cpp(model, type_name, request, cross_check_p
     assert abs(hf["f16"] / cpp["f16"] - 1) < 0.02
     assert abs(inc_hf - inc_cpp) < INCREASE_TOL
     assert inc_hf > 0.05 and inc_cpp > 0.05  # the type does cost something: the check is not vacuous
+
+
+@pytest.mark.slow
+def test_the_labs_channel_scales_land_on_transformers_channels(smollm2_lm):
+    """pyturbo.lab.trellis e2e scales K in transformers with scales computed from llama.cpp's dump.
+    SmolLM2's GGUF (llama) interleaves RoPE pairs and transformers' loader permutes Q and K back, so
+    the scales must be reordered (kvlab.transformers_order): layer 3's per-channel K RMS from the dump,
+    reordered, is transformers' (correlation > 0.99; in the dump's own order it is unrelated, 0.04)."""
+    from transformers import DynamicCache
+
+    from pyturbo.lab import kvlab
+
+    k_dump = kvlab.load(kvlab.dumped(smollm2_lm.gguf))[0]["k3"]  # [tokens, KV heads, head_dim]
+    seen = {}
+
+    class Capture(DynamicCache):
+        def update(self, k, v, il, *args, **kwargs):
+            if il == 3:
+                seen["k"] = k[0].permute(1, 0, 2).float().numpy()
+            return super().update(k, v, il, *args, **kwargs)
+
+    text = data.corpus().read_text(encoding="utf-8")[:20000]
+    ids = [smollm2_lm.bos_id, *smollm2_lm.tokenize(text, add_bos=False)][:512]
+    with torch.inference_mode():
+        smollm2_lm.model.model(input_ids=torch.tensor([ids]), past_key_values=Capture(config=smollm2_lm.model.config),
+                               use_cache=True)
+    dumped = {3: np.sqrt((k_dump ** 2).mean(0))}
+    ours = np.sqrt((seen["k"] ** 2).mean(0)).ravel()
+    same = np.corrcoef(kvlab.transformers_order(dumped)[3].ravel(), ours)[0, 1]
+    other = np.corrcoef(dumped[3].ravel(), ours)[0, 1]
+    print(f"per-channel K RMS, dump vs transformers: reordered {same:.4f}, as dumped {other:.4f}")
+    assert same > 0.99 and abs(other) < 0.5

@@ -472,7 +472,7 @@ def test_trellis_types_beat_their_scalar_twins(tiny128, short_text, tmp_path):
     r = run_tool("llama-perplexity", "-m", str(data.tiny_model(head_dim=64)), "-f", str(short_text), "-c", "128",
                  "-fa", "on", "-ctk", "turboq2t", "-ctv", "turboq2t", check=False)
     assert r.returncode > 0
-    assert "the trellis types store 128-value groups only, and this model's head size is 64; its scalar twin turboq2 takes it" \
+    assert "the trellis types store 128-value groups only, and this model's head size is 64; the scalar turboq2 of the same bits takes it" \
         in r.stderr + r.stdout
 
 BAD_INPUT = [

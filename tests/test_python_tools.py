@@ -151,6 +151,7 @@ def test_doctor_json(build_info):
     assert rep["layer_adaptive_modes"] == [0, 1, 2, 3, 4, 5, 6, 7]
     types = {t["name"]: t for t in rep["types"]}
     assert types["turboq3"]["id"] == 61 and types["turboq3"]["block_bytes"] == 50
+    assert types["turboq3t"]["id"] == 76 and types["turboq3t"]["block_bytes"] == 50
     assert all(v == "ok" for v in rep["roundtrip"].values())
     assert "CPU" in rep["backends"]
 

@@ -340,6 +340,19 @@ def tq(v: Variant, center: bool = True, protect: int = 0, scales: dict[int, np.n
     return f
 
 
+def rope_neox(arch: str | None) -> bool:
+    """Whether a GGUF architecture's RoPE pairs channels (c, c + d/2) (NEOX) rather than (2c, 2c + 1),
+    for the architectures run here, as llama.cpp decides."""
+    return arch not in ("llama", "mistral", "granite")
+
+
+def transformers_order(scales: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Per-channel K scales of a non-NEOX model in transformers' channel order: llama.cpp's dump keeps
+    the GGUF's interleaved RoPE pairs (2c, 2c + 1), and transformers' GGUF loader permutes Q and K back
+    to (c, c + d/2), so its channel j*d/2 + c is the dump's 2c + j."""
+    return {il: np.concatenate([s[:, 0::2], s[:, 1::2]], 1) for il, s in scales.items()}
+
+
 def channel_scales(chunks: list[dict[str, np.ndarray]], neox: bool = True) -> dict[int, np.ndarray]:
     """The K channel scale of llama-turboq-center.cpp (channel_scale) per layer, [KV heads, head_dim], from
     the chunks' post-RoPE Q and K: s = (E[q^2]/E[(k - mu)^2])^(1/4) over each RoPE pair (NEOX pairs
@@ -553,7 +566,7 @@ def main(args) -> None:
     only = list(END_TO_END) if args.action == "validate" else args.only
     meta = read_metadata(model)
     arch = meta.get("general.architecture")
-    neox = arch not in ("llama", "mistral", "granite")
+    neox = rope_neox(arch)
     windows = None
     if arch == "gemma3" and ctx > int(meta.get("gemma3.attention.sliding_window", ctx)):
         # llama.cpp's Gemma 3: every sixth layer is global, the others slide (not stored in the GGUF)

@@ -55,13 +55,17 @@ def e2e(n_chunks: int, threads: int = 2, seeds: tuple[int | None, ...] = (None,)
     from transformers import DynamicCache
 
     from .. import data
+    from ..gguf_meta import read_metadata
     from ..hf import load
     from . import kvlab
 
     torch.set_num_threads(threads)
     lm = load(model)
     lab = kvlab.load(kvlab.dumped(lm.gguf))  # the dump's Q/K give the channel scale
-    scales = kvlab.channel_scales(lab, neox=lm.model.config.model_type not in ("llama", "mistral", "granite"))
+    neox = kvlab.rope_neox(read_metadata(lm.gguf).get("general.architecture"))
+    scales = kvlab.channel_scales(lab, neox)
+    if not neox:  # the dump is in llama.cpp's channel order, the model here in transformers'
+        scales = kvlab.transformers_order(scales)
     # a head of 64 (SmolLM2) stores its twin, 64-value groups with their own norm
     G = min(kvlab.D, lab[0]["k0"].shape[2])
     V = kvlab.Variant
