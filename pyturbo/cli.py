@@ -8,7 +8,7 @@ import sys
 
 from . import UPSTREAM_COMMIT, UPSTREAM_SDIST, data
 from ._paths import binary, lib_dir, library, tool_env
-from .types import CACHE_TYPES, TRELLIS_TYPES
+from .types import REQUESTABLE_TYPES
 
 LLAMA_TOOLS = ("llama-server", "llama-perplexity", "llama-bench", "llama-cli", "test-backend-ops", "ggml-rpc-server")
 
@@ -31,7 +31,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         "lib_dir": str(lib_dir()),
         "binaries": {t: str(lib_dir() / t) if (lib_dir() / t).exists() else None for t in LLAMA_TOOLS},
         "types": [{"name": t.name, "id": t.ggml_id, "block_values": t.block_size, "block_bytes": t.block_bytes,
-                   "bpw": t.bpw} for t in (*CACHE_TYPES.values(), *TRELLIS_TYPES.values())],
+                   "bpw": t.bpw} for t in REQUESTABLE_TYPES.values()],
     }
     try:
         import ctypes as C

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ._paths import lib_dir, library, library_file, llama_function
-from .types import CACHE_TYPES, TRELLIS_TYPES, TWIN_TYPES, CacheType, cache_type, layer_cache_type
+from .types import CACHE_TYPES, CacheType, cache_type, layer_cache_type, type_by_id
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def _mode_type_for_head(name: str, head_dim: int) -> CacheType:
     fn.restype = C.c_int32
     fn.argtypes = [C.c_int32, C.c_uint32]
     stored = int(fn(cache_type(name).ggml_id, head_dim))
-    return next(t for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values(), *TRELLIS_TYPES.values()) if t.ggml_id == stored)
+    return type_by_id(stored)
 
 
 def stored_type(name: str, requested: str, head_dim: int) -> CacheType:

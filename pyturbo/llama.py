@@ -23,7 +23,7 @@ from . import exact_window as _ew
 from . import k_centering as _kc
 from . import layer_adaptive as _la
 from ._paths import use_patched_llama_cpp
-from .types import CACHE_TYPES, TRELLIS_TYPES, TURBOQ_TYPES, TWIN_TYPES, CacheType, requested_cache_type
+from .types import CACHE_TYPES, REQUESTABLE_TYPES, STORED_TYPES, TRELLIS_TYPES, TURBOQ_TYPES, CacheType, requested_cache_type
 
 use_patched_llama_cpp()
 
@@ -219,7 +219,7 @@ def window_tokens(llm: llama_cpp.Llama, tokens: Any) -> Any:
 
 def _type_names(text: str) -> str:
     """'mismatched key type (8 != 61, layer 0)' -> '... (q8_0 in this context, turboq3 in the state, layer 0)'."""
-    names = {t.ggml_id: t.name for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values(), *TRELLIS_TYPES.values())}  # a layer may store a twin
+    names = {t.ggml_id: t.name for t in STORED_TYPES.values()}  # a layer may store a twin
 
     def sub(m: re.Match) -> str:
         here, saved = int(m.group(1)), int(m.group(2))
@@ -230,6 +230,6 @@ def _type_names(text: str) -> str:
 
 def _check_type_id(type_id: int) -> None:
     # an id llama.cpp does not know aborts the whole process in ggml; refuse it here instead
-    if type_id not in {t.ggml_id for t in (*CACHE_TYPES.values(), *TRELLIS_TYPES.values())}:
-        names = ", ".join(f"{t.name}={t.ggml_id}" for t in (*CACHE_TYPES.values(), *TRELLIS_TYPES.values()))
+    if type_id not in {t.ggml_id for t in REQUESTABLE_TYPES.values()}:
+        names = ", ".join(f"{t.name}={t.ggml_id}" for t in REQUESTABLE_TYPES.values())
         raise ValueError(f"KV cache type id {type_id} is not a llama.cpp cache type; valid: {names}")

@@ -86,8 +86,13 @@ TRELLIS_TYPES: dict[str, CacheType] = {t.name: t for t in (
 )}
 
 
-def _type_by_id(ggml_id: int) -> CacheType:
-    return next(t for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values(), *TRELLIS_TYPES.values()) if t.ggml_id == ggml_id)
+# the names a user asks for (-ctk/-ctv, cache_type_k=), and every type a layer may store (the twins too)
+REQUESTABLE_TYPES: dict[str, CacheType] = {**CACHE_TYPES, **TRELLIS_TYPES}
+STORED_TYPES: dict[str, CacheType] = {**CACHE_TYPES, **TWIN_TYPES, **TRELLIS_TYPES}
+
+
+def type_by_id(ggml_id: int) -> CacheType:
+    return next(t for t in STORED_TYPES.values() if t.ggml_id == ggml_id)
 
 
 def trellis_scalar(name: str | CacheType) -> str:
@@ -99,7 +104,7 @@ def trellis_scalar(name: str | CacheType) -> str:
     scalar = llama_function("llama_turboq_trellis_scalar_type", C.c_int32, C.c_int32)(t.ggml_id)
     if scalar < 0:
         raise ValueError(f"{t.name!r} is not a trellis type")
-    return _type_by_id(scalar).name
+    return type_by_id(scalar).name
 
 
 def turboq_base(name: str | CacheType) -> str:
@@ -119,7 +124,7 @@ def layer_cache_type(name: str | CacheType, head_dim: int) -> CacheType:
     t = cache_type(name)
     if not t.is_turboq or t.name in TRELLIS_TYPES:
         return t
-    return _type_by_id(llama_function("llama_turboq_stored_type", C.c_int32, C.c_int32, C.c_uint32)(t.ggml_id, head_dim))
+    return type_by_id(llama_function("llama_turboq_stored_type", C.c_int32, C.c_int32, C.c_uint32)(t.ggml_id, head_dim))
 
 
 def requested_cache_type(name: str | CacheType) -> CacheType:
@@ -142,7 +147,7 @@ def cache_type(name: str | CacheType) -> CacheType:
         return name
     key = str(name).strip().lower()
     try:
-        return CACHE_TYPES[key] if key in CACHE_TYPES else TWIN_TYPES[key] if key in TWIN_TYPES else TRELLIS_TYPES[key]
+        return STORED_TYPES[key]
     except KeyError:
-        valid = ", ".join((*CACHE_TYPES, *TRELLIS_TYPES))
+        valid = ", ".join(REQUESTABLE_TYPES)
         raise ValueError(f"unknown KV cache type {name!r}; valid types: {valid}") from None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pyturbo import data, exact_window, k_centering, layer_adaptive
 from pyturbo._paths import UnpatchedLibraryError, binary
-from pyturbo.types import CACHE_TYPES, TRELLIS_TYPES, requested_cache_type
+from pyturbo.types import REQUESTABLE_TYPES, requested_cache_type
 
 ENGINES = ("llama-server", "python")
 
@@ -32,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
                     help="llama-server: the patched C++ server, parallel slots (default); "
                          "python: llama-cpp-python's server, one request at a time")
     ap.add_argument("--model", help="GGUF path (default: the bundled Gemma 3 270M)")
-    names = ", ".join((*CACHE_TYPES, *TRELLIS_TYPES))
+    names = ", ".join(REQUESTABLE_TYPES)
     ap.add_argument("--cache-type-k", "-ctk", default="f16", help=f"K cache type: {names}")
     ap.add_argument("--cache-type-v", "-ctv", default="f16", help=f"V cache type: {names}")
     ap.add_argument("--layer-adaptive", type=layer_adaptive.parse_mode, default=0, metavar="MODE",
