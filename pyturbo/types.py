@@ -78,17 +78,26 @@ TURBOQ_G16_TYPES = tuple(G16_TYPES)
 
 
 # The trellis-coded types (issue 21): turboq3's and turboq2's bits and block sizes, values read through a
-# 64-state trellis, for heads that are a multiple of 128. ggml's CPU and Vulkan backends compute them; CUDA's
-# kernels have not run on a GPU, so CUDA takes them only when built with -DGGML_CUDA_TURBOQ_TWINS=ON.
+# 64-state trellis, for heads that are a multiple of 128 (of 64: TRELLIS_TWIN_TYPES). ggml's CPU and Vulkan
+# backends compute them; CUDA's kernels have not run on a GPU, so CUDA takes them only when built with
+# -DGGML_CUDA_TURBOQ_TWINS=ON.
 TRELLIS_TYPES: dict[str, CacheType] = {t.name: t for t in (
     CacheType("turboq3t", 76, TURBOQ_GROUP, 50),
     CacheType("turboq2t", 77, TURBOQ_GROUP, 34),
+)}
+# The trellis types on 64-value groups (the _g64 twins' blocks, the 128-value types' codebooks):
+# llama.cpp stores a requested trellis type so on each layer whose head size is a multiple of 64 but
+# not of 128 (SmolLM2, Llama 3.2 1B); the CPU and Vulkan backends compute them, CUDA declines them. Not
+# names for -ctk/-ctv.
+TRELLIS_TWIN_TYPES: dict[str, CacheType] = {t.name: t for t in (
+    CacheType("turboq3t_g64", 78, TURBOQ_G64, 26),
+    CacheType("turboq2t_g64", 79, TURBOQ_G64, 18),
 )}
 
 
 # the names a user asks for (-ctk/-ctv, cache_type_k=), and every type a layer may store (the twins too)
 REQUESTABLE_TYPES: dict[str, CacheType] = {**CACHE_TYPES, **TRELLIS_TYPES}
-STORED_TYPES: dict[str, CacheType] = {**CACHE_TYPES, **TWIN_TYPES, **TRELLIS_TYPES}
+STORED_TYPES: dict[str, CacheType] = {**CACHE_TYPES, **TWIN_TYPES, **TRELLIS_TYPES, **TRELLIS_TWIN_TYPES}
 
 
 def type_by_id(ggml_id: int) -> CacheType:
@@ -111,18 +120,19 @@ def turboq_base(name: str | CacheType) -> str:
     """turboq2/3/4/8 for a turboq type or one of its twins (their layouts differ only in size);
     any other type's own name."""
     t = cache_type(name)
-    return t.name.rsplit(f"_g{t.block_size}", 1)[0] if t.name in TWIN_TYPES else t.name
+    return t.name.rsplit(f"_g{t.block_size}", 1)[0] if t.name in TWIN_TYPES or t.name in TRELLIS_TWIN_TYPES else t.name
 
 
 def layer_cache_type(name: str | CacheType, head_dim: int) -> CacheType:
     """The type a layer of this head size stores for a requested cache type, by libllama's rule
     (llama_turboq_stored_type): a turboq type stays where the head size is a multiple of 128, else
     takes the twin of the largest group in TWIN_GROUPS that divides it (none: the type itself, which
-    llama.cpp refuses there); TURBOQ_GROUP, libllama's debug switch, is followed too."""
+    llama.cpp refuses there), a trellis type its _g64 form where that group is 64; TURBOQ_GROUP,
+    libllama's debug switch, is followed too."""
     import ctypes as C
     from ._paths import llama_function
     t = cache_type(name)
-    if not t.is_turboq or t.name in TRELLIS_TYPES:
+    if not t.is_turboq:
         return t
     return type_by_id(llama_function("llama_turboq_stored_type", C.c_int32, C.c_int32, C.c_uint32)(t.ggml_id, head_dim))
 
@@ -132,7 +142,7 @@ def requested_cache_type(name: str | CacheType) -> CacheType:
     A twin (_g64, _g32, _g16) is refused, saying which name to ask for: llama.cpp picks the twin per layer,
     and given one directly it would skip the per-layer rule (and the flash-attention check)."""
     t = cache_type(name)
-    if t.name in TWIN_TYPES:
+    if t.name in TWIN_TYPES or t.name in TRELLIS_TWIN_TYPES:
         base, g = turboq_base(t), t.block_size
         raise ValueError(f"KV cache type {t.name!r} is the {g}-value form that llama.cpp stores for {base} on layers "
                          f"whose head size is a multiple of {g} but not of {2 * g}; ask for {base!r}")
@@ -141,7 +151,7 @@ def requested_cache_type(name: str | CacheType) -> CacheType:
 
 def cache_type(name: str | CacheType) -> CacheType:
     """Look a cache type up by name, case-insensitively, the twins (_g64, _g32, _g16) and the trellis types
-    included (the codec, the reference, memory sizes); ValueError lists the valid names. User settings go
+    (and their _g64 forms) included (the codec, the reference, memory sizes); ValueError lists the valid names. User settings go
     through requested_cache_type."""
     if isinstance(name, CacheType):
         return name

@@ -24,7 +24,7 @@ from pyturbo.bench.cpu import config_bpw, parse_config
 from pyturbo.layer_adaptive import layer_cache_types, policies, stored_type
 from pyturbo.memory import kv_bytes, kv_geometry
 from pyturbo.tools import kv_mib, llama_perplexity as perplexity, run_tool
-from pyturbo.types import TURBOQ_G16_TYPES, TURBOQ_G32_TYPES, TURBOQ_G64_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type, \
+from pyturbo.types import TRELLIS_TWIN_TYPES, TURBOQ_G16_TYPES, TURBOQ_G32_TYPES, TURBOQ_G64_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type, \
     layer_cache_type, turboq_base
 from helpers import fa_tolerance, last_logits
 
@@ -118,9 +118,13 @@ def test_which_layers_take_a_twin(head_dim, want):
     assert {layer_cache_type(t, 64).name for t in TURBOQ_TYPES} == set(TURBOQ_G64_TYPES)
     assert {layer_cache_type(t, 96).name for t in TURBOQ_TYPES} == set(TURBOQ_G32_TYPES)
     assert {layer_cache_type(t, 80).name for t in TURBOQ_TYPES} == set(TURBOQ_G16_TYPES)
+    # the trellis types have a 64-value form only: other heads keep the type, which llama.cpp refuses there
+    trellis = "turboq3t_g64" if want == "turboq3_g64" else "turboq3t"
+    assert layer_cache_type("turboq3t", head_dim).name == trellis
+    assert layer_cache_type("turboq2t", head_dim).name == trellis.replace("3", "2")
 
 
-@pytest.mark.parametrize("name", TURBOQ_TWIN_TYPES)
+@pytest.mark.parametrize("name", TURBOQ_TWIN_TYPES + tuple(TRELLIS_TWIN_TYPES))
 def test_a_twin_is_not_a_name_to_ask_for(Llama, tmp_path, name):
     # llama.cpp's tools do not take the twins' names; pyturbo.Llama refuses them before it loads
     # anything (so the model path need not exist), pyturbo.bench before it runs a tool

@@ -13,7 +13,7 @@ import pytest
 
 from pyturbo import codec, data, layer_adaptive
 from pyturbo.format import reference
-from pyturbo.types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
+from pyturbo.types import TRELLIS_TWIN_TYPES, TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
 
 from helpers import special_groups  # tests/ is on sys.path (pytest prepend mode)
 
@@ -45,7 +45,7 @@ def groups(rng) -> np.ndarray:
     return np.concatenate(list(special_groups(rng).values()))
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES + tuple(TRELLIS_TYPES))
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES + tuple(TRELLIS_TYPES) + tuple(TRELLIS_TWIN_TYPES))
 def test_torch_blocks_equal_reference_and_c_bit_for_bit(lib, rng, type_name):
     x = groups(rng)
     blocks = tc.encode(torch.from_numpy(x), type_name).numpy()
@@ -67,7 +67,7 @@ def test_q8_0_equals_ggml_reference_quantizer(lib, rng):
                                   codec.dequantize(blocks, "q8_0"))
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES + tuple(TRELLIS_TYPES))
+@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES + tuple(TRELLIS_TYPES) + tuple(TRELLIS_TWIN_TYPES))
 def test_decode_matches_reference(lib, rng, type_name):
     x = groups(rng)
     blocks = codec.quantize(x, type_name)
@@ -148,25 +148,27 @@ def test_other_head_sizes_pad_the_row_to_whole_blocks(rng):
 
 
 def test_trellis_types_are_llama_cpps_bytes_and_refused_where_llama_cpp_refuses_them(rng):
-    """turboq3t K / turboq2t V on 2 heads of 128: the stored rows are the reference's (and so the C
-    codec's) bytes; like libllama, the cache refuses them at a head size that is not a multiple of
-    128, naming the scalar type of the same bits."""
-    b, h, t, d = 1, 2, 5, 128
-    k = torch.from_numpy((rng.standard_normal((b, h, t, d)) * 3).astype(np.float32))
-    v = torch.from_numpy(rng.standard_normal((b, h, t, d)).astype(np.float32))
-    layer = TurboQuantLayer("turboq3t", "turboq2t", k_center=False)
-    k_out, v_out = layer.update(k, v)
-    assert layer.keys.shape == (b, t, h * 50) and layer.values.shape == (b, t, h * 34)
-    for x, stored, out, name in ((k, layer.keys, k_out, "turboq3t"), (v, layer.values, v_out, "turboq2t")):
-        rows = x.transpose(1, 2).reshape(b, t, h * d).numpy()
-        np.testing.assert_array_equal(stored.numpy().ravel(), reference.quantize(rows, name))
-        back = reference.dequantize(stored.numpy().ravel(), name).reshape(b, t, h * d)
-        np.testing.assert_allclose(out.transpose(1, 2).reshape(b, t, h * d).numpy(), back, rtol=0, atol=1e-5)
-    for d_bad, scalar in ((64, "turboq3"), (96, "turboq3")):
+    """turboq3t K / turboq2t V on 2 heads of 128, and on 2 heads of 64 (their _g64 forms, as libllama
+    stores them there): the stored rows are the reference's (and so the C codec's) bytes; like libllama,
+    the cache refuses them at a head size that is not a multiple of 64, naming the scalar type of the
+    same bits."""
+    for d, sizes, names in ((128, (50, 34), ("turboq3t", "turboq2t")), (64, (26, 18), ("turboq3t_g64", "turboq2t_g64"))):
+        b, h, t = 1, 2, 5
+        k = torch.from_numpy((rng.standard_normal((b, h, t, d)) * 3).astype(np.float32))
+        v = torch.from_numpy(rng.standard_normal((b, h, t, d)).astype(np.float32))
+        layer = TurboQuantLayer("turboq3t", "turboq2t", k_center=False)
+        k_out, v_out = layer.update(k, v)
+        assert layer.keys.shape == (b, t, h * sizes[0]) and layer.values.shape == (b, t, h * sizes[1])
+        for x, stored, out, name in ((k, layer.keys, k_out, names[0]), (v, layer.values, v_out, names[1])):
+            rows = x.transpose(1, 2).reshape(b, t, h * d).numpy()
+            np.testing.assert_array_equal(stored.numpy().ravel(), reference.quantize(rows, name))
+            back = reference.dequantize(stored.numpy().ravel(), name).reshape(b, t, h * d)
+            np.testing.assert_allclose(out.transpose(1, 2).reshape(b, t, h * d).numpy(), back, rtol=0, atol=1e-5)
+    for d_bad, scalar in ((96, "turboq3"), (80, "turboq3")):
         with pytest.raises(ValueError, match=f"head_dim is {d_bad}; the scalar {scalar} of the same bits takes it"):
             TurboQuantLayer("turboq3t", "turboq3").update(torch.randn(1, 2, 1, d_bad), torch.randn(1, 2, 1, d_bad))
-    with pytest.raises(ValueError, match="head_dim is 64; the scalar turboq2 of the same bits takes it"):
-        TurboQuantLayer("turboq3", "turboq2t").update(torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64))
+    with pytest.raises(ValueError, match="head_dim is 96; the scalar turboq2 of the same bits takes it"):
+        TurboQuantLayer("turboq3", "turboq2t").update(torch.randn(1, 2, 1, 96), torch.randn(1, 2, 1, 96))
 
 
 def test_bad_input_is_a_clear_error(rng):

@@ -459,7 +459,7 @@ def test_tiny_model_kld_follows_the_codebook_mse(tiny128, short_text, tmp_path):
 def test_trellis_types_beat_their_scalar_twins(tiny128, short_text, tmp_path):
     """turboq3t and turboq2t (issue 21's trellis), end to end
     on a random model (where KLD follows the codec's MSE): each has less KLD than the scalar type of
-    its bits, and gives it twice."""
+    its bits, and gives it twice; on heads of 64 too, where libllama stores their _g64 forms."""
     base = tmp_path / "f16.kld"
     perplexity(tiny128, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
     kld = {t: perplexity(tiny128, short_text, t, t, ctx=256, chunks=3, kld_base=base).kld
@@ -468,12 +468,20 @@ def test_trellis_types_beat_their_scalar_twins(tiny128, short_text, tmp_path):
     assert 0 < kld["turboq3t"] < 0.9 * kld["turboq3"]
     assert 0 < kld["turboq2t"] < 0.9 * kld["turboq2"]
     assert perplexity(tiny128, short_text, "turboq2t", "turboq2t", ctx=256, chunks=3, kld_base=base).kld == kld["turboq2t"]
-    # no 64-value trellis: head size 64 is refused, naming the scalar type that takes it
-    r = run_tool("llama-perplexity", "-m", str(data.tiny_model(head_dim=64)), "-f", str(short_text), "-c", "128",
+    tiny64 = data.tiny_model(head_dim=64)
+    base64 = tmp_path / "f16-64.kld"
+    perplexity(tiny64, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base64, write_base=True)
+    kld64 = {t: perplexity(tiny64, short_text, t, t, ctx=256, chunks=3, kld_base=base64).kld
+             for t in ("turboq3", "turboq3t", "turboq2", "turboq2t")}
+    print(f"tiny, head 64, KLD vs f16: {kld64}")
+    assert 0 < kld64["turboq3t"] < 0.9 * kld64["turboq3"]
+    assert 0 < kld64["turboq2t"] < 0.9 * kld64["turboq2"]
+    # no 32- or 16-value trellis: head size 96 is refused, naming the scalar type that takes it
+    r = run_tool("llama-perplexity", "-m", str(data.tiny_model(head_dim=96)), "-f", str(short_text), "-c", "128",
                  "-fa", "on", "-ctk", "turboq2t", "-ctv", "turboq2t", check=False)
     assert r.returncode > 0
-    assert "the trellis types store 128-value groups only, and this model's head size is 64; the scalar turboq2 of the same bits takes it" \
-        in r.stderr + r.stdout
+    assert "the trellis types store groups of 128 or 64 values, and this model's head size is 96; the scalar turboq2 of " \
+           "the same bits takes it" in r.stderr + r.stdout
 
 BAD_INPUT = [
     (("-fa", "off", "-ctk", "turboq3", "-ctv", "f16"), "requires flash_attn"),

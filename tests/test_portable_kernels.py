@@ -33,7 +33,7 @@ import pytest
 from pyturbo.format import reference
 from pyturbo.format.codebook import codebooks
 from pyturbo._paths import build_dirs
-from pyturbo.types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, cache_type
+from pyturbo.types import TRELLIS_TWIN_TYPES, TRELLIS_TYPES, TURBOQ_TWIN_TYPES, cache_type
 
 from helpers import TOL_PACKED, TOL_PACKED_LARGE, causal_mask, decoded, fa_packed, packed_kernels  # tests/ is on sys.path
 
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.portable
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = os.environ.get("CI") == "true" or os.environ.get("PYTURBO_REQUIRE_PORTABLE") == "1"
 TOL = 1e-4
-TURBOQ = ["turboq2", "turboq3", "turboq4", "turboq8", *TURBOQ_TWIN_TYPES, *TRELLIS_TYPES]
+TURBOQ = ["turboq2", "turboq3", "turboq4", "turboq8", *TURBOQ_TWIN_TYPES, *TRELLIS_TYPES, *TRELLIS_TWIN_TYPES]
 
 
 def _runner(name: str) -> list[str]:
@@ -160,6 +160,9 @@ FA_CASES = [
     # the trellis types: their decoders on each instruction set
     ("turboq3t", "turboq2t", 128, 4, 1, 8, 300, 2, "tiled", 0.0),
     ("turboq2t", "turboq3t", 256, 4, 1, 1, 200, 1, "onerow", 0.0),
+    # and their 64-value forms (head sizes 64 and 192)
+    ("turboq3t_g64", "turboq2t_g64", 64, 9, 3, 8, 300, 2, "tiled", 0.0),
+    ("turboq2t_g64", "turboq3t_g64", 192, 4, 1, 1, 200, 1, "onerow", 0.0),
 ]
 
 

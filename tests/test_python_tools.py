@@ -171,13 +171,11 @@ def test_type_table_matches_the_library_traits(lib):
 def test_shader_type_ids_match_the_type_table():
     """The Vulkan shaders restate ggml.h's turboq ids (GLSL cannot include it): each must be
     pyturbo.types' id, which the test above holds to the library."""
-    from pyturbo.types import CACHE_TYPES, TRELLIS_TYPES, TWIN_TYPES
+    from pyturbo.types import STORED_TYPES
     glsl = series_io().new_files()["ggml/src/ggml-vulkan/vulkan-shaders/turboq_types.glsl"]
     ids = {m[0].lower(): int(m[1]) for m in re.findall(r"#define GGML_TYPE_(TURBOQ\w+) (\d+)u", glsl)}
-    want = {t.name.removesuffix("_0") if t.block_size == 128 else t.name: t.ggml_id
-            for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values(), *TRELLIS_TYPES.values()) if t.is_turboq}
-    # ggml.h's TURBOQ3T is pyturbo's turboq3t
-    assert {re.sub(r"_t$", "t", k.removesuffix("_0")): v for k, v in ids.items()} == want
+    want = {t.name: t.ggml_id for t in STORED_TYPES.values() if t.is_turboq}
+    assert ids == want
 
 
 def tracked_files() -> list[Path]:

@@ -10,7 +10,7 @@ from pyturbo._paths import series_io
 
 HEADER = "ggml/src/ggml-turboq-types.h"
 ROW = re.compile(r"^\s*X\((\w+),\s*(\w+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)", re.MULTILINE)
-LISTS = ("GGML_TURBOQ_BASE_TYPES", "GGML_TURBOQ_TWIN_TYPES", "GGML_TURBOQ_TRELLIS_TYPES")
+LISTS = ("GGML_TURBOQ_BASE_TYPES", "GGML_TURBOQ_TWIN_TYPES", "GGML_TURBOQ_TRELLIS_TYPES", "GGML_TURBOQ_TRELLIS_TWIN_TYPES")
 
 
 def header_rows(text: str) -> dict[str, list[tuple[str, str, int, int, int, int]]]:
@@ -31,13 +31,14 @@ def python_rows() -> dict[str, list[tuple[str, str, int, int, int, int]]]:
         "GGML_TURBOQ_BASE_TYPES": [row(types.CACHE_TYPES[n]) for n in types.TURBOQ_TYPES],
         "GGML_TURBOQ_TWIN_TYPES": [row(t) for t in types.TWIN_TYPES.values()],
         "GGML_TURBOQ_TRELLIS_TYPES": [row(t) for t in types.TRELLIS_TYPES.values()],
+        "GGML_TURBOQ_TRELLIS_TWIN_TYPES": [row(t) for t in types.TRELLIS_TWIN_TYPES.values()],
     }
 
 
 def test_the_c_and_python_type_tables_agree():
     text = series_io().new_files()[HEADER]
     c = header_rows(text)
-    assert sum(len(r) for r in c.values()) == 18
+    assert sum(len(r) for r in c.values()) == 20
     assert c == python_rows()
 
 

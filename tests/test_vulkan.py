@@ -174,7 +174,7 @@ def test_the_64_value_twins_on_vulkan(vk_bin, op, n_cases):
     at head sizes 64 and 192 (batches of 1 and 35), f16 beside a twin on either side, a q8_0 V,
     llama.cpp's layout at head size 64, and MLA's K of 576 read as V through a view of its first
     512 (batches of 1 and 35)."""
-    assert backend_ops(vk_bin, op, "_g64") == n_cases
+    assert backend_ops(vk_bin, op, "turboq[2348]_g64") == n_cases
 
 
 @pytest.mark.parametrize("op, n_cases", [("SET_ROWS", 8), ("GET_ROWS", 4), ("CPY", 12), ("FLASH_ATTN_EXT", 20)])
@@ -357,15 +357,24 @@ def test_the_trellis_types_on_vulkan(vk_bin, op, n_cases):
     """turboq3t and turboq2t (issue 21): SET_ROWS (from f32 with i64 rows, from f16 with i32 rows),
     GET_ROWS, CPY from f32 and to f32 and f16, and flash attention at head sizes 128 (batches of 1
     and 35) and 256, f16 beside a trellis type on either side, and llama.cpp's layout."""
-    assert backend_ops(vk_bin, op, "turboq[23]t") == n_cases
+    assert backend_ops(vk_bin, op, "turboq[23]t[,)]") == n_cases
 
 
-@pytest.mark.parametrize("cache", ["turboq3t", "turboq2t"])
-def test_trellis_perplexity_vulkan_matches_cpu(vk_bin, tmp_path, monkeypatch, cache):
+@pytest.mark.parametrize("op, n_cases", [("SET_ROWS", 4), ("GET_ROWS", 2), ("CPY", 6), ("FLASH_ATTN_EXT", 12)])
+def test_the_64_value_trellis_forms_on_vulkan(vk_bin, op, n_cases):
+    """turboq3t_g64 and turboq2t_g64 (what a head of 64 stores for turboq3t and turboq2t): SET_ROWS,
+    GET_ROWS and CPY as above at row sizes 64 and 192, and flash attention at head sizes 64 and 192
+    (batches of 1 and 35), f16 K beside one, and llama.cpp's layout at head size 64."""
+    assert backend_ops(vk_bin, op, "turboq[23]t_g64") == n_cases
+
+
+@pytest.mark.parametrize("cache, head_dim", [("turboq3t", 128), ("turboq2t", 128), ("turboq3t", 64), ("turboq2t", 64)])
+def test_trellis_perplexity_vulkan_matches_cpu(vk_bin, tmp_path, monkeypatch, cache, head_dim):
     """llama-perplexity with a trellis cache on Vulkan0 gives the CPU's logits: the shader's Viterbi
     search writes the CPU's blocks (a different path in a few groups would move the KLD past
-    KLD_TOL, as turboq3 against turboq3t does), and its attention reads them as the CPU does."""
-    model = data.tiny_model(head_dim=128)
+    KLD_TOL, as turboq3 against turboq3t does), and its attention reads them as the CPU does; at head
+    size 64 in the _g64 forms."""
+    model = data.tiny_model(head_dim=head_dim)
     text = data.corpus_slice(12000)
     base = tmp_path / "cpu.kld"
     run = dict(ctx=256, chunks=4, threads=2)
@@ -380,7 +389,9 @@ def test_trellis_perplexity_vulkan_matches_cpu(vk_bin, tmp_path, monkeypatch, ca
 
     assert "offloaded 3/3 layers to GPU" in vk.log, vk.log[-3000:]
     assert re.search(r"Vulkan0 KV buffer size", vk.log), vk.log[-3000:]
-    print(f"\n{cache}: PPL CPU {cpu.ppl:.4f} | Vulkan {vk.ppl:.4f} | KLD Vulkan vs CPU {vk.kld:.3g}"
+    if head_dim == 64:
+        assert f"head size 64: K {cache}_g64, V {cache}_g64" in vk.log, vk.log[-3000:]
+    print(f"\n{cache}, head size {head_dim}: PPL CPU {cpu.ppl:.4f} | Vulkan {vk.ppl:.4f} | KLD Vulkan vs CPU {vk.kld:.3g}"
           f" | KLD {scalar} vs {cache} (CPU) {cpu_scalar.kld:.3g}")
     assert abs(vk.ppl / cpu.ppl - 1) < PPL_REL_TOL
     assert vk.kld is not None and vk.kld < KLD_TOL

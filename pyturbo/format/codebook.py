@@ -23,7 +23,7 @@ from functools import lru_cache
 import numpy as np
 
 from .._paths import series_io
-from ..types import TRELLIS_TYPES, TWIN_GROUPS  # the twins' groups: 64, 32 and 16
+from ..types import TRELLIS_TWIN_TYPES, TRELLIS_TYPES, TWIN_GROUPS  # the twins' groups: 64, 32 and 16
 from . import signs as _signs
 from . import trellis
 from .signs import D, SIGN_SEED  # noqa: F401 (the lab and hf/ import them from here)
@@ -141,16 +141,22 @@ def thresholds() -> dict[str, np.ndarray]:
 
 
 TRELLIS_L = 6        # the trellis types' state bits: 64 states (bench/results/quality-per-bit.md)
-TRELLIS_BITS = {name: int(name[len("turboq")]) for name in TRELLIS_TYPES}  # code bits per value: turboq3t 3
+# code bits per value: turboq3t and turboq3t_g64 3
+TRELLIS_BITS = {name: int(name[len("turboq")]) for name in (*TRELLIS_TYPES, *TRELLIS_TWIN_TYPES)}
+# A _g64 form reads its 128-value type's codebook; its search sees the rotated coordinates, sqrt(2)
+# larger than a 128-value group's, times this (ggml-turboq-trellis.h's TURBOQ_TRELLIS_G64_FIT), and
+# the corrected norm absorbs the scale.
+TRELLIS_G64_FIT = np.float32(np.sqrt(0.5))
 
 
 @lru_cache(maxsize=None)
 def trellis_codebooks() -> dict[str, np.ndarray]:
     """float32 reconstruction values of the trellis types' 2^TRELLIS_L states, for one coordinate
     of a rotated unit vector in R^128: pyturbo.format.trellis's Lloyd-trained codebook (for unit
-    variance) over sqrt(128). The encoder and the decoders index it by state."""
-    return {name: (trellis.codebook(bits, TRELLIS_L) / np.sqrt(D)).astype(np.float32)
-            for name, bits in TRELLIS_BITS.items()}
+    variance) over sqrt(128). The encoder and the decoders index it by state; the _g64 forms read
+    their 128-value type's (TRELLIS_G64_FIT)."""
+    return {name: (trellis.codebook(TRELLIS_BITS[name], TRELLIS_L) / np.sqrt(D)).astype(np.float32)
+            for name in TRELLIS_TYPES}
 
 
 def theoretical_vector_mse(type_name: str) -> float:

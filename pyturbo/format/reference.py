@@ -23,13 +23,15 @@ their own codebooks (turboq8's grid for turboq8_gN) and no reserved field in tur
     first; the "index" of value t is the state s_t = (s_(t-1) << bits | c_t) mod 64 (s_-1 = 0), chosen by
     pyturbo.format.trellis.viterbi (the same float32 operations as ggml-turboq-trellis.h), and decodes
     through the type's 64-entry trellis codebook.
+  turboq3t_g64 (26 B), turboq2t_g64 (18 B): the same for 64 values, through the 128-value type's
+    codebook, the search run on the rotated coordinates times TRELLIS_G64_FIT.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from . import trellis
-from .codebook import D, TRELLIS_BITS, TRELLIS_L, codebooks, rotation_signs, thresholds, trellis_codebooks
+from .codebook import D, TRELLIS_BITS, TRELLIS_G64_FIT, TRELLIS_L, codebooks, rotation_signs, thresholds, trellis_codebooks
 from ..types import cache_type, turboq_base
 
 
@@ -84,12 +86,13 @@ def unrotate(y: np.ndarray) -> np.ndarray:
 
 def _levels(type_name: str) -> np.ndarray:
     """The values an index (a state, for the trellis types) decodes to."""
-    return trellis_codebooks()[type_name] if type_name in TRELLIS_BITS else codebooks()[type_name]
+    return trellis_codebooks()[_base(type_name)] if type_name in TRELLIS_BITS else codebooks()[type_name]
 
 
 def _indices(type_name: str, y: np.ndarray) -> np.ndarray:
     if type_name in TRELLIS_BITS:
-        return trellis.viterbi(y, _levels(type_name), TRELLIS_BITS[type_name]).astype(np.uint8)
+        fit = y if y.shape[-1] == D else y * TRELLIS_G64_FIT
+        return trellis.viterbi(fit, _levels(type_name), TRELLIS_BITS[type_name]).astype(np.uint8)
     if _base(type_name) == "turboq8":
         a = np.max(np.abs(y), axis=-1, keepdims=True)
         t = _f32(127.5) / a

@@ -67,8 +67,8 @@ class _Codec:
         self.n_heads, self.head_dim = h, d
         self.type = la.stored_type(self.type, self.requested, d).name  # what llama.cpp stores for this head size
         if self.type in TRELLIS_TYPES and d % TRELLIS_TYPES[self.type].block_size:
-            # as libllama refuses it: no trellis twins of smaller groups, and a group across heads would store padding
-            raise ValueError(f"{side} cache {self.type}: the trellis types store 128-value groups only, and these states' "
+            # as libllama refuses it: no 32- or 16-value trellis forms, and a group across heads would store padding
+            raise ValueError(f"{side} cache {self.type}: the trellis types store groups of 128 or 64 values, and these states' "
                              f"head_dim is {d}; the scalar {trellis_scalar(self.type)} of the same bits takes it")
         self.n = h * d
         self.n_pad = padded_row(self.type, self.n)
@@ -262,7 +262,7 @@ def layer_cache_types(n_layer: int, type_k: str, type_v: str, layer_adaptive: in
 class TurboQuantCache(DynamicCache):
     """A DynamicCache whose layers store K and V as llama.cpp cache rows of the chosen types.
 
-    cache_type_k / cache_type_v: turboq2/3/4/8, turboq3t/2t (heads a multiple of 128), q8_0, f16, bf16 or f32 (any case).
+    cache_type_k / cache_type_v: turboq2/3/4/8, turboq3t/2t (heads a multiple of 64), q8_0, f16, bf16 or f32 (any case).
     layer_adaptive: a layer-adaptive mode, its number or name (pyturbo.layer_adaptive); mode 3 needs k_gains.
     k_center: K centering of turboq K layers, as llama.cpp does by default (its key turboq.k_center).
     exact_decode: decode reads with the C's butterflies bit for bit instead of the faster matmul.

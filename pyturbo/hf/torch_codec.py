@@ -20,12 +20,12 @@ from functools import lru_cache
 import torch
 
 from ..format import reference, trellis
-from ..format.codebook import D, SIGN_SEED, TRELLIS_BITS, codebooks, thresholds, trellis_codebooks
+from ..format.codebook import D, SIGN_SEED, TRELLIS_BITS, TRELLIS_G64_FIT, codebooks, thresholds, trellis_codebooks
 from ..format.signs import sign_lists
-from ..types import TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, CacheType, cache_type, turboq_base
+from ..types import TRELLIS_TWIN_TYPES, TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, CacheType, cache_type, turboq_base
 
 FLOAT_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-SUPPORTED = ("f32", "f16", "bf16", "q8_0", *TURBOQ_TYPES, *TURBOQ_TWIN_TYPES, *TRELLIS_TYPES)
+SUPPORTED = ("f32", "f16", "bf16", "q8_0", *TURBOQ_TYPES, *TURBOQ_TWIN_TYPES, *TRELLIS_TYPES, *TRELLIS_TWIN_TYPES)
 QK8_0 = 32
 FP16_MAX = 65504.0
 
@@ -90,7 +90,8 @@ def _signs(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _tables_for(name: str, seed: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     s1, s2 = _signs(seed)
     thr = thresholds().get(name)
-    levels = trellis_codebooks()[name] if name in TRELLIS_BITS else codebooks()[name]  # a trellis type's: by state
+    # a trellis type's by state (a _g64 form's: its 128-value type's)
+    levels = trellis_codebooks()[turboq_base(name)] if name in TRELLIS_BITS else codebooks()[name]
     return (torch.from_numpy(levels.copy()), None if thr is None else torch.from_numpy(thr.copy()), s1, s2)
 
 
@@ -134,7 +135,8 @@ def turboq_encode_groups(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torc
     v = u / r
     y = (fwht(v * s1) * _inv_sqrt(g)) * s2
     if name in TRELLIS_BITS:
-        q = torch.from_numpy(trellis.viterbi(y.numpy(), cb.numpy(), TRELLIS_BITS[name]))
+        fit = y if g == D else y * float(TRELLIS_G64_FIT)  # the _g64 forms: the codebook's scale
+        q = torch.from_numpy(trellis.viterbi(fit.numpy(), cb.numpy(), TRELLIS_BITS[name]))
     elif _base(name) == "turboq8":
         a = y.abs().amax(dim=-1, keepdim=True)
         # a true division: `127.5 / a` would be torch's reciprocal-then-multiply, one rounding more than C
