@@ -13,11 +13,11 @@ import pytest
 
 from pyturbo.format import reference
 from pyturbo.ggml import InitParams
-from pyturbo.types import TRELLIS_TYPES, TURBOQ_TYPES, cache_type
+from pyturbo.types import TRELLIS_TWIN_TYPES, TRELLIS_TYPES, TURBOQ_TYPES, cache_type
 from helpers import special_groups
 
 # the CPU backend's quantizer (its from_float, with this machine's SIMD steps) writes what the reference writes
-CPU_TYPES = TURBOQ_TYPES + tuple(TRELLIS_TYPES)
+CPU_TYPES = TURBOQ_TYPES + tuple(TRELLIS_TYPES) + tuple(TRELLIS_TWIN_TYPES)
 
 
 def graph_run(lib, build):
@@ -57,7 +57,7 @@ def test_cpy_into_turboq_is_the_codec(lib, rng, type_name, src_type):
         q = b.ggml_new_tensor_4d(ctx, t.ggml_id, 256, 6, 1, 1)
         fill(b, a, src)
         out = b.ggml_cpy(ctx, a, q)
-        return out, lambda: read(b, out, np.uint8, 6 * 2 * t.block_bytes)
+        return out, lambda: read(b, out, np.uint8, 6 * 256 // t.block_size * t.block_bytes)
 
     got = graph_run(lib, build)
     np.testing.assert_array_equal(got, reference.quantize(src.astype(np.float32), type_name))
@@ -79,7 +79,7 @@ def test_cpy_of_special_groups_is_the_codec(lib, rng, type_name):
         q = b.ggml_new_tensor_4d(ctx, t.ggml_id, 128, n, 1, 1)
         fill(b, a, x)
         out = b.ggml_cpy(ctx, a, q)
-        return out, lambda: read(b, out, np.uint8, n * t.block_bytes)
+        return out, lambda: read(b, out, np.uint8, n * 128 // t.block_size * t.block_bytes)
 
     np.testing.assert_array_equal(graph_run(lib, build), reference.quantize(x, type_name))
 
@@ -129,7 +129,7 @@ def test_set_rows_writes_the_codec_into_chosen_rows(lib, rng, type_name, src_typ
     x = rng.standard_normal((3, 256)).astype(np.float32)
     src = x.astype(np.float16) if src_type == "f16" else x
     rows = np.array([4, 1, 6], dtype=np.int64)
-    cache = np.zeros(8 * 2 * t.block_bytes, dtype=np.uint8)
+    cache = np.zeros(8 * 256 // t.block_size * t.block_bytes, dtype=np.uint8)
 
     def build(b, ctx):
         dst = b.ggml_new_tensor_4d(ctx, t.ggml_id, 256, 8, 1, 1)

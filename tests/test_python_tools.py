@@ -158,13 +158,13 @@ def test_doctor_json(build_info):
 
 def test_type_table_matches_the_library_traits(lib):
     """pyturbo.types is checked against the built ggml's own type_traits, row by row."""
-    from pyturbo.types import CACHE_TYPES, TRELLIS_TYPES, TWIN_TYPES
-    for t in (*CACHE_TYPES.values(), *TWIN_TYPES.values(), *TRELLIS_TYPES.values()):
+    from pyturbo.types import CACHE_TYPES, STORED_TYPES, TRELLIS_TWIN_TYPES, TRELLIS_TYPES
+    for t in STORED_TYPES.values():
         tr = lib.traits(t.ggml_id)
         assert tr.type_name.decode() == t.name
         assert (tr.blck_size, tr.type_size) == (t.block_size, t.block_bytes), t.name
         assert bool(lib.base.ggml_is_turboq(t.ggml_id)) == (t.is_turboq and t.name in CACHE_TYPES)
-        assert bool(lib.base.ggml_is_turboq_trellis(t.ggml_id)) == (t.name in TRELLIS_TYPES)
+        assert bool(lib.base.ggml_is_turboq_trellis(t.ggml_id)) == (t.name in TRELLIS_TYPES or t.name in TRELLIS_TWIN_TYPES)
         assert lib.base.ggml_turboq_group(t.ggml_id) == (t.block_size if t.is_turboq else 0)
 
 

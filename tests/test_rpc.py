@@ -188,3 +188,9 @@ def test_a_trellis_cache_is_refused_on_rpc(rpc_endpoints):
                                                r"use turboq3"):
             perplexity(path, text, "turboq3t", "turboq2t", ctx=256, chunks=1, extra=extra)
     assert perplexity(path, text, "turboq3t", "turboq2t", ctx=256, chunks=1).ppl > 0
+    # at head size 64 their _g64 forms: the scalar type's twin would be refused there too, so the
+    # refusal names q8_0 and q4_0
+    path64 = data.tiny_model(head_dim=64, n_layer=4)
+    with pytest.raises(RuntimeError, match=r"layer 0: its KV cache is K turboq3t_g64, V turboq3t_g64, and this layer "
+                                           r"runs on RPC.*use q8_0 or q4_0"):
+        perplexity(path64, text, "turboq3t", "turboq3t", ctx=256, chunks=1, extra=rpc)
