@@ -460,22 +460,15 @@ def test_trellis_types_beat_their_scalar_twins(tiny128, short_text, tmp_path):
     """turboq3t and turboq2t (issue 21's trellis), end to end
     on a random model (where KLD follows the codec's MSE): each has less KLD than the scalar type of
     its bits, and gives it twice; on heads of 64 too, where libllama stores their _g64 forms."""
-    base = tmp_path / "f16.kld"
-    perplexity(tiny128, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
-    kld = {t: perplexity(tiny128, short_text, t, t, ctx=256, chunks=3, kld_base=base).kld
-           for t in ("turboq3", "turboq3t", "turboq2", "turboq2t")}
-    print(f"tiny128 KLD vs f16: {kld}")
-    assert 0 < kld["turboq3t"] < 0.9 * kld["turboq3"]
-    assert 0 < kld["turboq2t"] < 0.9 * kld["turboq2"]
-    assert perplexity(tiny128, short_text, "turboq2t", "turboq2t", ctx=256, chunks=3, kld_base=base).kld == kld["turboq2t"]
-    tiny64 = data.tiny_model(head_dim=64)
-    base64 = tmp_path / "f16-64.kld"
-    perplexity(tiny64, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base64, write_base=True)
-    kld64 = {t: perplexity(tiny64, short_text, t, t, ctx=256, chunks=3, kld_base=base64).kld
-             for t in ("turboq3", "turboq3t", "turboq2", "turboq2t")}
-    print(f"tiny, head 64, KLD vs f16: {kld64}")
-    assert 0 < kld64["turboq3t"] < 0.9 * kld64["turboq3"]
-    assert 0 < kld64["turboq2t"] < 0.9 * kld64["turboq2"]
+    for head_dim, model in ((128, tiny128), (64, data.tiny_model(head_dim=64))):
+        base = tmp_path / f"f16-{head_dim}.kld"
+        perplexity(model, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
+        kld = {t: perplexity(model, short_text, t, t, ctx=256, chunks=3, kld_base=base).kld
+               for t in ("turboq3", "turboq3t", "turboq2", "turboq2t")}
+        print(f"tiny, head {head_dim}, KLD vs f16: {kld}")
+        assert 0 < kld["turboq3t"] < 0.9 * kld["turboq3"]
+        assert 0 < kld["turboq2t"] < 0.9 * kld["turboq2"]
+        assert perplexity(model, short_text, "turboq2t", "turboq2t", ctx=256, chunks=3, kld_base=base).kld == kld["turboq2t"]
     # no 32- or 16-value trellis: head size 96 is refused, naming the scalar type that takes it
     r = run_tool("llama-perplexity", "-m", str(data.tiny_model(head_dim=96)), "-f", str(short_text), "-c", "128",
                  "-fa", "on", "-ctk", "turboq2t", "-ctv", "turboq2t", check=False)
