@@ -98,6 +98,8 @@ TRELLIS_TWIN_TYPES: dict[str, CacheType] = {t.name: t for t in (
 # the names a user asks for (-ctk/-ctv, cache_type_k=), and every type a layer may store (the twins too)
 REQUESTABLE_TYPES: dict[str, CacheType] = {**CACHE_TYPES, **TRELLIS_TYPES}
 STORED_TYPES: dict[str, CacheType] = {**CACHE_TYPES, **TWIN_TYPES, **TRELLIS_TYPES, **TRELLIS_TWIN_TYPES}
+# the forms that llama.cpp stores for a requested type on a smaller head (the twins, the trellis _g64 forms)
+SMALL_GROUP_TYPES: dict[str, CacheType] = {**TWIN_TYPES, **TRELLIS_TWIN_TYPES}
 
 
 def type_by_id(ggml_id: int) -> CacheType:
@@ -120,7 +122,7 @@ def turboq_base(name: str | CacheType) -> str:
     """turboq2/3/4/8 for a turboq type or one of its twins (their layouts differ only in size);
     any other type's own name."""
     t = cache_type(name)
-    return t.name.rsplit(f"_g{t.block_size}", 1)[0] if t.name in TWIN_TYPES or t.name in TRELLIS_TWIN_TYPES else t.name
+    return t.name.rsplit(f"_g{t.block_size}", 1)[0] if t.name in SMALL_GROUP_TYPES else t.name
 
 
 def layer_cache_type(name: str | CacheType, head_dim: int) -> CacheType:
@@ -142,7 +144,7 @@ def requested_cache_type(name: str | CacheType) -> CacheType:
     A twin (_g64, _g32, _g16) is refused, saying which name to ask for: llama.cpp picks the twin per layer,
     and given one directly it would skip the per-layer rule (and the flash-attention check)."""
     t = cache_type(name)
-    if t.name in TWIN_TYPES or t.name in TRELLIS_TWIN_TYPES:
+    if t.name in SMALL_GROUP_TYPES:
         base, g = turboq_base(t), t.block_size
         raise ValueError(f"KV cache type {t.name!r} is the {g}-value form that llama.cpp stores for {base} on layers "
                          f"whose head size is a multiple of {g} but not of {2 * g}; ask for {base!r}")

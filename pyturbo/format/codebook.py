@@ -144,8 +144,8 @@ TRELLIS_L = 6        # the trellis types' state bits: 64 states (bench/results/q
 # code bits per value: turboq3t and turboq3t_g64 3
 TRELLIS_BITS = {name: int(name[len("turboq")]) for name in (*TRELLIS_TYPES, *TRELLIS_TWIN_TYPES)}
 # A _g64 form reads its 128-value type's codebook; its search sees the rotated coordinates, sqrt(2)
-# larger than a 128-value group's, times this (ggml-turboq-trellis.h's TURBOQ_TRELLIS_G64_FIT), and
-# the corrected norm absorbs the scale.
+# larger than a 128-value group's, times this (TURBOQ_TRELLIS_G64_FIT in the generated C and GLSL
+# tables), and the corrected norm absorbs the scale.
 TRELLIS_G64_FIT = np.float32(np.sqrt(0.5))
 
 
@@ -209,6 +209,8 @@ def render_header() -> str:
     parts.append("// The trellis types: value t of a group is the entry of the state s_t = (s_(t-1) << bits | code_t)")
     parts.append(f"// mod 2^{TRELLIS_L} (s_-1 = 0), Lloyd-trained with Viterbi paths (pyturbo/format/trellis.py).")
     parts.append(f"#define TURBOQ_TRELLIS_L {TRELLIS_L}")
+    parts.append("// a 64-value group's search scales its rotated coordinates to these 128-value codebooks")
+    parts.append(f"#define TURBOQ_TRELLIS_G64_FIT {float(TRELLIS_G64_FIT):.9e}f")
     for name, cb in trellis_codebooks().items():
         parts.append(f"TURBOQ_TABLE float {name}_codebook[{len(cb)}] = {{\n{_c_floats(cb)}\n}};")
     parts.append("")
@@ -254,6 +256,7 @@ def render_glsl() -> str:
     parts.append("")
     parts.append(f"// the trellis types: entry s is the value of state s (the last {TRELLIS_L} code-stream bits)")
     parts.append(f"const uint TURBOQ_TRELLIS_L = {TRELLIS_L}u;")
+    parts.append(f"const float TURBOQ_TRELLIS_G64_FIT = {float(TRELLIS_G64_FIT):.9e};")
     for name, cb in trellis_codebooks().items():
         parts.append(_glsl_floats(f"{name}_codebook", cb))
     parts.append("")
