@@ -11,6 +11,7 @@
 : "${PYTURBO_AARCH64_DOTPROD_BUILD_DIR:=build-aarch64-dotprod}"  # the same, AArch64 with the dot-product extension
 : "${PYTURBO_SCALAR_BUILD_DIR:=build-scalar}"      # the same, x86 without AVX2/FMA
 : "${PYTURBO_AVX2_BUILD_DIR:=build-avx2}"          # the same, x86 with AVX2/FMA and without AVX-512
+: "${PYTURBO_AVX512_BUILD_DIR:=build-avx512}"      # the same, x86 with AVX-512 BW and VNNI, without VBMI
 
 # -DCMAKE_C_COMPILER/-DCMAKE_CXX_COMPILER for a new CPU build dir: the compilers that `pip install .`
 # (scikit-build-core) configures the same build dir with ($CC/$CXX, else Python's own), so that a

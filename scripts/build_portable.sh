@@ -3,7 +3,9 @@
 # tests/portable/turboq_check.c, (1) cross-compiled for AArch64 (NEON; and again with the dot-product
 # extension) and run under qemu-aarch64,
 # (2) for x86 with AVX2 and FMA off (the generic kernels), (3) for x86 with AVX2 and FMA but no
-# AVX-512 (the AVX2 kernels, which a native build on an AVX-512 machine never compiles). Needs the
+# AVX-512 (the AVX2 kernels, which a native build on an AVX-512 machine never compiles), (4) for x86
+# with AVX-512 BW and VNNI but no VBMI (Cascade Lake's: the packed kernels' trellis lookups without
+# vpermb, which a native build on a VBMI machine never compiles). Needs the
 # tree that scripts/setup.sh prepared. Installs Debian's cross toolchain and qemu-user when missing (as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,3 +57,9 @@ cmake -S tests/portable -B "$PYTURBO_AVX2_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release 
     -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF \
     -DGGML_AVX_VNNI=OFF "${launcher[@]}" >/dev/null
 cmake --build "$PYTURBO_AVX2_BUILD_DIR" -j"$(nproc)" --target turboq-check
+
+# x86 with AVX-512 (F, CD, VL, DQ, BW) and VNNI, without VBMI
+cmake -S tests/portable -B "$PYTURBO_AVX512_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPYTURBO_UPSTREAM_SRC="$upstream" \
+    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON \
+    -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF "${launcher[@]}" >/dev/null
+cmake --build "$PYTURBO_AVX512_BUILD_DIR" -j"$(nproc)" --target turboq-check

@@ -213,10 +213,10 @@ def assert_reads_beside(beside: list[str], copy: list[str], backend: str) -> Non
     assert len(copy) > len(beside)
 
 
-# ---- the CPU's packed decode path (patch 46) ----
+# ---- the CPU's packed decode path (patches 46 and 49) ----
 
-# A tile of fewer than 16 query rows over a turboq2/3/4 K or V reads the packed rows in 8-bit
-# integers where the CPU has AVX-512 BW + VNNI or AVX2: Q rounded to int8 per row, the softmax weights to
+# A tile of fewer than 16 query rows over a turboq2/3/4 or trellis K or V reads the packed rows in
+# 8-bit integers where the CPU has AVX-512 BW + VNNI, AVX2 or NEON: Q rounded to int8 per row, the softmax weights to
 # 0..255 per tile, query and group, the codebook to int8. Against float64 attention over the same
 # decoded cache it reached 1.8e-3 of the output scale on unit-scale logits.
 TOL_PACKED = 4e-3

@@ -101,7 +101,7 @@ def test_build_directories_are_named_in_one_place(monkeypatch):
     dirs = build_dirs()
     assert dirs["PYTURBO_BUILD_DIR"].name == tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["scikit-build"]["build-dir"]
     assert {"PYTURBO_VULKAN_BUILD_DIR", "PYTURBO_AARCH64_BUILD_DIR", "PYTURBO_AARCH64_DOTPROD_BUILD_DIR",
-            "PYTURBO_SCALAR_BUILD_DIR", "PYTURBO_AVX2_BUILD_DIR"} <= set(dirs)
+            "PYTURBO_SCALAR_BUILD_DIR", "PYTURBO_AVX2_BUILD_DIR", "PYTURBO_AVX512_BUILD_DIR"} <= set(dirs)
     for script in (ROOT / "scripts").glob("*.sh"):
         text = script.read_text()
         assert not re.search(r"PYTURBO_\w*BUILD_DIR:-", text), f"{script.name} sets its own default"

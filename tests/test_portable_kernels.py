@@ -1,11 +1,12 @@
 """The turboq CPU paths on other instruction sets: AArch64 NEON under qemu-user (the armv8-a
 baseline, and with the dot-product extension), x86 with AVX2 and FMA off (the generic kernels),
-and x86 with AVX2 but without AVX-512 (the AVX2 kernels, which the native build does not compile
-on an AVX-512 machine).
+x86 with AVX2 but without AVX-512 (the AVX2 kernels, which the native build does not compile on an
+AVX-512 machine), and x86 with AVX-512 BW and VNNI but without VBMI (the packed kernels' trellis
+lookups without vpermb, which the native build does not compile on a VBMI machine).
 
-scripts/build_portable.sh builds tests/portable/turboq_check.c against the patched ggml four
+scripts/build_portable.sh builds tests/portable/turboq_check.c against the patched ggml five
 times: build-aarch64/ and build-aarch64-dotprod/ (cross-compiled, run with qemu-aarch64),
-build-scalar/ and build-avx2/ (the last runs on an x86 machine with AVX2; it skips on one without). Inputs are generated
+build-scalar/, build-avx2/ and build-avx512/ (each x86 build skips on a machine that cannot run it). Inputs are generated
 here, written to files, and the harness's results are compared with pyturbo.format.reference:
 - the codec (SET_ROWS into the cache, GET_ROWS back) bit for bit, over a few hundred groups (128
   values, or 64/32/16 for the _g64/_g32/_g16 twins; the trellis types too) that include zeros, NaN/Inf rows, huge and subnormal values;
@@ -13,7 +14,7 @@ here, written to files, and the harness's results are compared with pyturbo.form
   test_flash_attn_tiled.py; helpers.TOL_PACKED where a short query tile reads the packed rows in
   8-bit integers) against float64 attention over the reference-decoded cache, on the tiled path
   and on the one-row path (TURBOQ_FA_TILED=0, and ggml's use_ref);
-- the packed kernels alone (the AVX2 and both AArch64 builds have them; the scalar one does not):
+- the packed kernels alone (the AVX2, AVX-512 and both AArch64 builds have them; the scalar one does not):
   against float64 sums over the decoded rows, and bit for bit against the native build's, where
   that has them too (here AVX-512 BW + VNNI): every arch computes the same integers and the same
   floats from them.
@@ -31,7 +32,6 @@ import numpy as np
 import pytest
 
 from pyturbo.format import reference
-from pyturbo.format.codebook import codebooks
 from pyturbo._paths import build_dirs
 from pyturbo.types import TRELLIS_TWIN_TYPES, TRELLIS_TYPES, TURBOQ_TWIN_TYPES, cache_type
 
@@ -59,19 +59,24 @@ def _runner(name: str) -> list[str]:
     return [*prefix, str(exe)]
 
 
-def _has_avx2() -> bool:
-    """Whether this CPU runs the AVX2 build (which also turns on FMA, F16C and BMI2)."""
+# the CPU flags (/proc/cpuinfo) that each x86 build needs to run
+_RUNS_ON = {"avx2": {"avx2", "fma", "f16c", "bmi2"},
+            "avx512": {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw",
+                       "avx512_vnni"}}
+
+
+def _runs_here(name: str) -> bool:
     try:
         flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
         return False
-    return {"avx2", "fma", "f16c", "bmi2"} <= flags
+    return _RUNS_ON.get(name, set()) <= flags
 
 
-@pytest.fixture(params=["aarch64", "aarch64_dotprod", "scalar", "avx2"])
+@pytest.fixture(params=["aarch64", "aarch64_dotprod", "scalar", "avx2", "avx512"])
 def harness(request):
-    if request.param == "avx2" and not _has_avx2():
-        pytest.skip("this machine has no AVX2")  # the build still compiles the AVX2 kernels
+    if not _runs_here(request.param):
+        pytest.skip(f"this machine cannot run the {request.param} build")  # which still compiles its kernels
     return request.param, _runner(request.param)
 
 
@@ -208,7 +213,8 @@ def test_flash_attention_matches_numpy(harness, case, tmp_path):
         assert not out[:, 3].any(), "a fully masked query row must come out as zeros"
 
 
-PACKED = ["turboq2", "turboq3", "turboq4", "turboq2_g64", "turboq3_g64", "turboq4_g64"]
+PACKED = ["turboq2", "turboq3", "turboq4", "turboq2_g64", "turboq3_g64", "turboq4_g64",
+          "turboq3t", "turboq2t", "turboq3t_g64", "turboq2t_g64"]
 # (type, head size, query rows): two blocks a row with 3 queries (a GQA group), one with 16 and 1
 PACKED_CASES = [(t, n * cache_type(t).block_size, nq) for t in PACKED for n, nq in ((2, 3), (1, 16), (1, 1))]
 PACKED_ROWS = 61  # a tile's rows: odd, and not a multiple of the 8 or 16 rows the kernels take at once
@@ -241,7 +247,7 @@ def test_packed_kernels_match_float64_and_the_native_build(harness, lib, case, t
     s, o = out[:nq * PACKED_ROWS].reshape(nq, PACKED_ROWS), out[nq * PACKED_ROWS:].reshape(nq, n)
 
     norms, idx = reference.unpack(type_name, cache)  # the rotated domain, where the kernels sum
-    y = (codebooks()[type_name][idx] * norms.astype(np.float64)[:, None]).reshape(PACKED_ROWS, n)
+    y = (reference.levels(type_name)[idx] * norms.astype(np.float64)[:, None]).reshape(PACKED_ROWS, n)
     want_s, want_o = q.astype(np.float64) @ y.T, p[:, :PACKED_ROWS].astype(np.float64) @ y
     err_s = float(np.abs(s - want_s).max() / np.abs(want_s).max())
     err_o = float(np.abs(o - want_o).max() / np.abs(want_o).max())

@@ -84,7 +84,7 @@ def unrotate(y: np.ndarray) -> np.ndarray:
     return (fwht(y * s2) * np.float32(1.0 / np.sqrt(y.shape[-1]))) * s1
 
 
-def _levels(type_name: str) -> np.ndarray:
+def levels(type_name: str) -> np.ndarray:
     """The values an index (a state, for the trellis types) decodes to."""
     return trellis_codebooks()[_base(type_name)] if type_name in TRELLIS_BITS else codebooks()[type_name]
 
@@ -92,7 +92,7 @@ def _levels(type_name: str) -> np.ndarray:
 def _indices(type_name: str, y: np.ndarray) -> np.ndarray:
     if type_name in TRELLIS_BITS:
         fit = y if y.shape[-1] == D else y * TRELLIS_G64_FIT
-        return trellis.viterbi(fit, _levels(type_name), TRELLIS_BITS[type_name]).astype(np.uint8)
+        return trellis.viterbi(fit, levels(type_name), TRELLIS_BITS[type_name]).astype(np.uint8)
     if _base(type_name) == "turboq8":
         a = np.max(np.abs(y), axis=-1, keepdims=True)
         t = _f32(127.5) / a
@@ -120,7 +120,7 @@ def encode_groups(type_name: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray
         v = u / r
         y = rotate(v)
         q = _indices(type_name, y)
-        c = _levels(type_name)[q]
+        c = levels(type_name)[q]
         cn = np.sqrt(tree_sum(c * c))[:, None]
         corrected = (am * r) / cn
     norms[ok] = np.minimum(corrected[:, 0], FP16_MAX).astype(np.float16)
@@ -198,7 +198,7 @@ def dequantize(blocks: np.ndarray, type_name: str) -> np.ndarray:
     type_name = cache_type(type_name).name
     norms, idx = unpack(type_name, blocks)
     g = _group(type_name)
-    y = _levels(type_name)[idx]
+    y = levels(type_name)[idx]
     k = norms.astype(np.float32)[:, None] * np.float32(1.0 / np.sqrt(g))
     s1, s2 = _signs(g)
     return ((fwht(y * s2) * k) * s1).reshape(-1)
