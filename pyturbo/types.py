@@ -100,6 +100,8 @@ REQUESTABLE_TYPES: dict[str, CacheType] = {**CACHE_TYPES, **TRELLIS_TYPES}
 STORED_TYPES: dict[str, CacheType] = {**CACHE_TYPES, **TWIN_TYPES, **TRELLIS_TYPES, **TRELLIS_TWIN_TYPES}
 # the forms that llama.cpp stores for a requested type on a smaller head (the twins, the trellis _g64 forms)
 SMALL_GROUP_TYPES: dict[str, CacheType] = {**TWIN_TYPES, **TRELLIS_TWIN_TYPES}
+# every turboq block format (the codec, the reference and the kernels cover each)
+TURBOQ_STORED_TYPES = tuple(n for n, t in STORED_TYPES.items() if t.is_turboq)
 
 
 def type_by_id(ggml_id: int) -> CacheType:
@@ -119,7 +121,8 @@ def trellis_scalar(name: str | CacheType) -> str:
 
 
 def turboq_base(name: str | CacheType) -> str:
-    """turboq2/3/4/8 for a turboq type or one of its twins (their layouts differ only in size);
+    """The requested type whose form a stored type is: turboq2/3/4/8 for a turboq type or one of its
+    twins (their layouts differ only in size), turboq3t/turboq2t for a trellis type or its _g64 form;
     any other type's own name."""
     t = cache_type(name)
     return t.name.rsplit(f"_g{t.block_size}", 1)[0] if t.name in SMALL_GROUP_TYPES else t.name

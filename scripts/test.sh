@@ -40,7 +40,7 @@ fi
 if [ "${PYTURBO_SKIP_PORTABLE:-0}" != 1 ]; then
     t4=$(date +%s)
     bash scripts/build_portable.sh
-    echo "test.sh: portable-kernel builds (AArch64, no-AVX2) $(( $(date +%s) - t4 )) s"
+    echo "test.sh: portable-kernel builds (AArch64, x86 without AVX2, AVX2, AVX-512 without VBMI) $(( $(date +%s) - t4 )) s"
 fi
 rc=0
 python3 -m pytest -q -ra --durations=15 "${WORKERS[@]}" tests ${args[@]+"${args[@]}"} || rc=$?

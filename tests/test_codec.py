@@ -7,13 +7,13 @@ import pytest
 from pyturbo import attention, codec
 from pyturbo.format import reference
 from pyturbo.format.codebook import theoretical_vector_mse
-from pyturbo.types import TRELLIS_TWIN_TYPES, TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
+from pyturbo.types import TURBOQ_STORED_TYPES, TURBOQ_TYPES, cache_type
 from helpers import fa_tolerance, special_groups
 
 D = 128
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES + tuple(TRELLIS_TYPES) + tuple(TRELLIS_TWIN_TYPES))
+@pytest.mark.parametrize("type_name", TURBOQ_STORED_TYPES)
 def test_c_matches_reference_bit_for_bit(lib, rng, type_name):
     t = cache_type(type_name)
     for label, x in special_groups(rng).items():
@@ -27,7 +27,7 @@ def test_c_matches_reference_bit_for_bit(lib, rng, type_name):
                                       err_msg=f"{type_name} dequantize, {label}")
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES + tuple(TRELLIS_TYPES) + tuple(TRELLIS_TWIN_TYPES))
+@pytest.mark.parametrize("type_name", TURBOQ_STORED_TYPES)
 def test_special_values(lib, rng, type_name):
     gs = cache_type(type_name).block_size
     g = special_groups(rng)

@@ -67,7 +67,7 @@ def test_packed_decode_steps_read_the_window(lib, tiny128, short_text):
     one token at a time (the packed path: 5.9e-4), 378.7788 one token at a time without the
     window (3.4e-3)."""
     if not fa_packed(lib, "turboq3"):
-        pytest.skip("this CPU build has no packed path (x86: AVX-512 BW + VNNI, or AVX2)")
+        pytest.skip("this CPU build has no packed path (x86: AVX-512 BW + VNNI, or AVX2; AArch64 NEON)")
     one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*window(16), *sink(0)))
     split = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3,
                        extra=(*window(16), *sink(0), "-ub", "1"))

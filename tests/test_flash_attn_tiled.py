@@ -6,8 +6,9 @@ The tolerance (1e-4 of the output scale) is far below what the one-row path reac
 path is not the one that ran. The one-row path (ggml's use_ref) is compared as well, where it computes
 in f32 too (turboq K and V).
 
-A decode step (a tile of fewer than 16 query rows, as the last tile of a batch may be too) over turboq2/3/4 K or V takes the packed path
-where the CPU has it (x86 AVX-512 BW + VNNI or AVX2: ggml_turboq_fa_packed): Q, the softmax weights and the
+A decode step (a tile of fewer than 16 query rows, as the last tile of a batch may be too) over a turboq2/3/4 or
+trellis K or V takes the packed path where the CPU has it (x86 AVX-512 BW + VNNI or AVX2, AArch64 NEON:
+ggml_turboq_fa_packed): Q, the softmax weights and the
 codebook rounded to 8 bits, so its bound is TOL_PACKED, and it must give the same floats on any
 number of threads and wherever the rows lie.
 
@@ -134,7 +135,7 @@ def test_a_packed_decode_step_is_the_same_on_any_thread_count_and_position(lib, 
     the cache (tiles start at its first visible row). It is the path that ran: the float one-row
     path differs from it (by its 8-bit roundings), and both stay within TOL_PACKED of NumPy."""
     if not fa_packed(lib, type_k):
-        pytest.skip("this CPU build has no packed path (x86: AVX-512 BW + VNNI, or AVX2)")
+        pytest.skip("this CPU build has no packed path (x86: AVX-512 BW + VNNI, or AVX2; AArch64 NEON)")
     n_kv, run, scale = 1500, 1100, 1.0 / np.sqrt(dk)
     q, k, v = case(dk, 6, 2, 1, n_kv, dk)
     outs = []

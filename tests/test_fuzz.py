@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from pyturbo.format import reference
-from pyturbo.types import TRELLIS_TWIN_TYPES, TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
+from pyturbo.types import TURBOQ_STORED_TYPES, cache_type
 
 HARNESS = Path(__file__).resolve().parent / "harness" / "turboq_fuzz.c"
 
@@ -67,7 +67,7 @@ def groups(draw):
     return (np.random.default_rng(seed).standard_normal(n * 128) * scale).astype(np.float32)
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES + tuple(TRELLIS_TYPES) + tuple(TRELLIS_TWIN_TYPES))
+@pytest.mark.parametrize("type_name", TURBOQ_STORED_TYPES)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(x=groups())
 def test_sanitized_codec_matches_reference(sanitized_codec, type_name, x):

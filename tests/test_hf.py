@@ -13,7 +13,7 @@ import pytest
 
 from pyturbo import codec, data, layer_adaptive
 from pyturbo.format import reference
-from pyturbo.types import TRELLIS_TWIN_TYPES, TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, cache_type
+from pyturbo.types import TURBOQ_STORED_TYPES, cache_type
 
 from helpers import special_groups  # tests/ is on sys.path (pytest prepend mode)
 
@@ -45,7 +45,7 @@ def groups(rng) -> np.ndarray:
     return np.concatenate(list(special_groups(rng).values()))
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES + tuple(TRELLIS_TYPES) + tuple(TRELLIS_TWIN_TYPES))
+@pytest.mark.parametrize("type_name", TURBOQ_STORED_TYPES)
 def test_torch_blocks_equal_reference_and_c_bit_for_bit(lib, rng, type_name):
     x = groups(rng)
     blocks = tc.encode(torch.from_numpy(x), type_name).numpy()
@@ -67,7 +67,7 @@ def test_q8_0_equals_ggml_reference_quantizer(lib, rng):
                                   codec.dequantize(blocks, "q8_0"))
 
 
-@pytest.mark.parametrize("type_name", TURBOQ_TYPES + TURBOQ_TWIN_TYPES + tuple(TRELLIS_TYPES) + tuple(TRELLIS_TWIN_TYPES))
+@pytest.mark.parametrize("type_name", TURBOQ_STORED_TYPES)
 def test_decode_matches_reference(lib, rng, type_name):
     x = groups(rng)
     blocks = codec.quantize(x, type_name)

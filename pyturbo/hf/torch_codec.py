@@ -22,10 +22,10 @@ import torch
 from ..format import reference, trellis
 from ..format.codebook import D, SIGN_SEED, TRELLIS_BITS, TRELLIS_G64_FIT, codebooks, thresholds, trellis_codebooks
 from ..format.signs import sign_lists
-from ..types import TRELLIS_TWIN_TYPES, TRELLIS_TYPES, TURBOQ_TWIN_TYPES, TURBOQ_TYPES, CacheType, cache_type, turboq_base
+from ..types import TURBOQ_STORED_TYPES, CacheType, cache_type, turboq_base
 
 FLOAT_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-SUPPORTED = ("f32", "f16", "bf16", "q8_0", *TURBOQ_TYPES, *TURBOQ_TWIN_TYPES, *TRELLIS_TYPES, *TRELLIS_TWIN_TYPES)
+SUPPORTED = ("f32", "f16", "bf16", "q8_0", *TURBOQ_STORED_TYPES)
 QK8_0 = 32
 FP16_MAX = 65504.0
 

@@ -1,7 +1,7 @@
 // turboq-check: runs the turboq CPU paths of a ggml build on inputs from files and writes what they
 // produce, for tests/test_portable_kernels.py to compare with pyturbo.format.reference. It exists for
 // builds that Python cannot load: an AArch64 build run under qemu-user, and the x86 builds with
-// AVX2/FMA off and with AVX2 but not AVX-512. Everything but `packed` goes through ggml graphs on
+// AVX2/FMA off, with AVX2 but not AVX-512, and with AVX-512 BW and VNNI but not VBMI. Everything but `packed` goes through ggml graphs on
 // the CPU, as in llama.cpp.
 //
 //   turboq-check codec TYPE N_PER_ROW N_ROWS in.f32 out.bin
