@@ -128,7 +128,8 @@ def test_a_decode_steps_turboq_tile_with_per_head_masks_and_softcap(lib, type_k,
 
 
 @pytest.mark.parametrize("type_k,type_v,dk", [("turboq3_g64", "turboq3_g64", 64), ("turboq4_g64", "turboq2_g64", 64),
-                                              ("turboq2", "turboq4", 128), ("turboq3", "turboq3", 256)])
+                                              ("turboq2", "turboq4", 128), ("turboq3", "turboq3", 256),
+                                              ("turboq3t_g64", "turboq2t_g64", 64), ("turboq2t", "turboq3t", 128)])
 def test_a_packed_decode_step_is_the_same_on_any_thread_count_and_position(lib, type_k, type_v, dk):
     """The packed path's sums are integers, so a decode step's floats do not depend on the thread
     count (1 to 3: the KV range is split in chunks) nor on where a sequence's run of cells lies in
