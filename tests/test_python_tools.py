@@ -136,6 +136,28 @@ def test_bench_quality_writes_table_and_kld_per_bit_plot(tmp_path, gemma):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot: {png}" in r.stdout
 
 
+def test_bench_quality_counts_every_layer_adaptive_modes_bits(build_info):
+    """The bits-per-layer column follows libllama's per-layer types for every mode: it printed nan
+    for the modes that set V types (5-7) and counted mode 4's turboq4 K on every layer of a model
+    with sliding-window layers, where libllama gives it only to the global ones."""
+    from pyturbo.bench.cpu import config_bpw
+    from pyturbo.layer_adaptive import modes
+
+    gemma = [il % 6 != 5 for il in range(18)]  # Gemma 3: every 6th layer global
+    for mode in modes():
+        got = config_bpw(18, "turboq3", "turboq3", {"LLAMA_ARG_LAYER_ADAPTIVE": str(mode)}, 8192, 256, 256,
+                         sliding=gemma)
+        assert 2 < got < 9, (mode, got)
+    mode4 = config_bpw(18, "turboq3", "turboq3", {"LLAMA_ARG_LAYER_ADAPTIVE": "4"}, 8192, 256, 256, sliding=gemma)
+    sink = 16 / 8192  # auto's one sink row per sequence, in F16
+    assert mode4 == pytest.approx(((15 * 3.125 + 3 * 4.25) / 18 + 3.125) / 2 + sink)
+    # a dense model of head size 64: mode 4 on every layer, mode 6's V turboq4 on the last 8 of 30
+    assert config_bpw(30, "turboq3", "turboq3", {"LLAMA_ARG_LAYER_ADAPTIVE": "4"}, 8192, 64, 64) == \
+        pytest.approx((4.25 + 3.25) / 2 + sink)
+    assert config_bpw(30, "turboq3t", "turboq3t", {"LLAMA_ARG_LAYER_ADAPTIVE": "6"}, 8192, 64, 64) == \
+        pytest.approx((3.25 + (8 * 4.25 + 22 * 2.25) / 30) / 2 + sink)
+
+
 def test_pareto_front_keeps_what_nothing_beats_on_both_axes():
     from pyturbo.bench.plot import pareto_front
     pts = [("a", 8.5, 0.01), ("b", 4.5, 0.11), ("c", 4.25, 0.03), ("d", 3.125, 0.09), ("e", 3.99, 0.07),

@@ -21,11 +21,12 @@ import re
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from .. import data, exact_window, k_centering
 from ..tools import llama_perplexity, run_tool
-from ..layer_adaptive import policies, stored_type
+from ..layer_adaptive import layer_cache_types, needs_gains, stored_type
 from ..memory import kv_geometry, window_bytes
 from ..types import layer_cache_type, requested_cache_type
 
@@ -100,11 +101,13 @@ def window_margin(env: dict[str, str]) -> int | None:
 
 
 def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int, head_dim_k: int = 128,
-               head_dim_v: int = 128, mla: bool = False) -> float:
+               head_dim_v: int = 128, mla: bool = False, sliding: Sequence[bool] | None = None) -> float:
     """Bits per value of K and V together, of the types a layer of these head sizes stores (a
     turboq type's _g64 twin where the head size is a multiple of 64 but not of 128, its _g32 twin
-    where it is a multiple of 32 but not of 64, its _g16 twin where it is a multiple of 16 but not of 32); for a mode that ranks layers by K gain (3), its
-    n_layer // k_gain_div boundary layers carry the boundary K type (the C table's). W + S exact
+    where it is a multiple of 32 but not of 64, its _g16 twin where it is a multiple of 16 but not of 32), averaged over
+    the layers, each with the types the layer-adaptive mode gives it (libllama's table and rule,
+    pyturbo.layer_adaptive; `sliding`, one bool per layer, picks mode 4's layers, none sliding if
+    left out). W + S exact
     positions (a tail) count as that many of the context's ctx positions held in f16 instead of
     the type (a token is quantized as it leaves the window), as the K/V lab counts it. An exact
     window (':winW') and sink rows (':sinkS') keep their rows besides: each layer with a quantized
@@ -122,17 +125,16 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
         return b + (16 - b) * tail / ctx + (ring if window else 0.0)
 
     window = quantized(k, head_dim_k) or quantized(v, head_dim_v)
-    bk, bv = bpw(k, window=window), bpw(v, head_dim_v, window)
     mode = int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0)
-    policy = policies().get(mode)
-    if policy is not None and policy.k_gain_div and policy.v_boundary is None and policy.v_other is None:
-        n = max(1, model_layers // policy.k_gain_div)
-        bk = ((model_layers - n) * bk + n * bpw(policy.k_boundary or k, window=window, requested=k)) / model_layers
-    elif mla and policy is not None and policy.k_boundary is None:
-        return bk  # a mode that sets only V types: MLA caches no V, and every layer keeps K's type
-    elif mode:
-        return float("nan")
-    return bk if mla else (bk + bv) / 2
+    # a mode that ranks layers by K gain (3) takes n_layer // k_gain_div of them: which ones does
+    # not change an average over the layers, so equal gains stand in for the model's weights
+    gains = [0.0] * model_layers if needs_gains(mode) else None
+    layers = layer_cache_types(mode, model_layers, k, v, gains, sliding or [False] * model_layers)
+    total = 0.0
+    for tk, tv in layers:
+        bk = bpw(tk, window=window, requested=k)
+        total += bk if mla else (bk + bpw(tv, head_dim_v, window, requested=v)) / 2  # MLA caches no V
+    return total / model_layers
 
 
 def quality(args: argparse.Namespace) -> None:
@@ -164,7 +166,8 @@ def quality(args: argparse.Namespace) -> None:
             sink = sink_rows(env, k, v, geo.mla)
             mode = int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0)
             ring_mib = window_bytes(model, k, v, mode, 1, w, window_margin(env), sink) / 2 ** 20 if w or sink else 0.0
-            rows.append((label, config_bpw(geo.n_layer, k, v, env, args.ctx, geo.head_dim_k, geo.head_dim_v, geo.mla),
+            rows.append((label, config_bpw(geo.n_layer, k, v, env, args.ctx, geo.head_dim_k, geo.head_dim_v, geo.mla,
+                                            [geo.is_swa(il) for il in range(geo.n_layer)]),
                          r.kv_mib + ring_mib, r))
             tqdm.write(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} median {r.kld_median} p99.9 {r.kld_p999} "
                        f"KV {r.kv_mib:.2f} MiB", file=sys.stderr)
