@@ -21,6 +21,7 @@ from pyturbo import data
 from pyturbo._paths import binary, tool_env
 from pyturbo.bench.local_server import free_port
 from pyturbo.tools import llama_perplexity as perplexity
+from helpers import assert_reads_beside, decode_step_ops
 
 REL_PPL_TOL = 1e-3   # the issue's bound on |dPPL|/PPL
 KLD_TOL = 1e-3       # mean KLD of the RPC run's logits against the local run's
@@ -85,14 +86,15 @@ def test_rpc_matches_local_cpu(rpc_endpoints, model, type_k, type_v, tmp_path):
     text = data.corpus_slice(12000)
     chunks = 3 if model == "gemma" else 4
     base = tmp_path / "local.kld"
-    # the default sink row (auto) is not kept on an RPC server, whose backend the client does not
-    # know (an explicit count reads it through the copy): the local run without one is the reference
     local = perplexity(path, text, type_k, type_v, ctx=256, chunks=chunks, kld_base=base, write_base=True,
-                       extra=("--no-repack", "--kv-exact-sink", "0"))
+                       extra=("--no-repack",))
     # -ts 1,1: one half of the layers on each server, so both hold part of the cache
     remote = perplexity(path, text, type_k, type_v, ctx=256, chunks=chunks, kld_base=base,
                         extra=("--rpc", ",".join(rpc_endpoints), "-ngl", "99", "-ts", "1,1"))
-    assert "turboq.exact_sink=auto: layer 0's KV cache is on RPC" in remote.log, remote.log[-3000:]
+    # the default sink row is kept on the servers too: their CPU backend, asked through the client's
+    # supports_op (patch 50), reads it beside the cache, as the local run does
+    beside = "sink rows: the first 1 positions of each sequence read exact by every query (F16 rows beside the cache"
+    assert beside in remote.log and beside in local.log, remote.log[-3000:]
 
     bufs = kv_buffers(remote.log)
     assert bufs, remote.log[-3000:]
@@ -110,26 +112,46 @@ def test_rpc_matches_local_cpu(rpc_endpoints, model, type_k, type_v, tmp_path):
           f"KLD {remote.kld:.2e}, KV on {sorted({ep for _, ep, _ in bufs})}")
 
 
-def test_an_exact_window_on_rpc_matches_local_cpu(rpc_endpoints, tmp_path):
+@pytest.mark.parametrize("copy", [False, True], ids=["beside", "copy"])
+def test_an_exact_window_on_rpc_matches_local_cpu(rpc_endpoints, tmp_path, copy, monkeypatch):
     """A window of 16 with the cache spread over both servers, in ubatches of 64 (rows come from the
-    rings there too): each layer reads it after an F16 copy of its cache on the server, and the
-    logits are those of the local run, which reads the rows beside the cache (F16 rounding of the
-    cache's rows apart), and not those of the remote run without the window."""
+    rings there too). The servers' CPU backend, asked through the client's supports_op (patch 50),
+    reads the rows beside the cache as the local run does: the same logits, and the servers' graphs
+    hold no copy of the cache. With the copy forced (TURBOQ_WINDOW_COPY=1, the path a server whose
+    backend declines the node takes) each layer reads them after an F16 copy of its cache: the local
+    run's logits up to the F16 rounding of the cache's rows. Either way not those of the remote run
+    without the window."""
     path, text = data.tiny_model(head_dim=128, n_layer=4), data.corpus_slice(12000)
     base = tmp_path / "local.kld"
     run = dict(ctx=256, chunks=3, kld_base=base)
     win = ("--kv-exact-window", "16", "-ub", "64")
     rpc = ("--rpc", ",".join(rpc_endpoints), "-ngl", "99", "-ts", "1,1")
     local = perplexity(path, text, "turboq3", "turboq2", write_base=True, extra=(*win, "--no-repack"), **run)
+    if copy:
+        monkeypatch.setenv("TURBOQ_WINDOW_COPY", "1")
     remote = perplexity(path, text, "turboq3", "turboq2", extra=(*win, *rpc), **run)
     plain = perplexity(path, text, "turboq3", "turboq2", extra=("-ub", "64", *rpc), **run)
     assert {ep for _, ep, _ in kv_buffers(remote.log)} == set(rpc_endpoints), remote.log[-3000:]
-    assert "F16 rows after an F16 copy of the cache" in remote.log and "F16 rows beside the cache" in local.log
+    reads = "F16 rows after an F16 copy of the cache" if copy else "F16 rows beside the cache"
+    assert reads in remote.log and "F16 rows beside the cache" in local.log, remote.log[-3000:]
     assert abs(remote.ppl / local.ppl - 1) < REL_PPL_TOL
     assert remote.kld is not None and plain.kld is not None
-    print(f"\nwindow 16 on RPC: PPL local {local.ppl:.4f} RPC {remote.ppl:.4f} (KLD {remote.kld:.2g}), no window {plain.ppl:.4f} "
-          f"(KLD {plain.kld:.2g})")
-    assert remote.kld < 1e-5 and plain.kld > 20 * max(remote.kld, 1e-6), (remote.kld, plain.kld)
+    print(f"\nwindow 16 on RPC ({'copy' if copy else 'beside'}): PPL local {local.ppl:.4f} RPC {remote.ppl:.4f} "
+          f"(KLD {remote.kld:.2g}), no window {plain.ppl:.4f} (KLD {plain.kld:.2g})")
+    assert remote.kld < (1e-5 if copy else 1e-6) and plain.kld > 20 * max(remote.kld, 1e-6), (remote.kld, plain.kld)
+
+
+def test_a_decode_step_on_rpc_reads_the_window_without_copying_the_cache(rpc_endpoints, tiny128, short_text):
+    """The graph of a decode step with a window of 16 and every layer on an RPC server: the
+    server's CPU backend takes the flash attention with the rows beside the cache (asked through the
+    client's supports_op, patch 50), so the step holds no CPY or PAD of the cache, as on a local CPU;
+    with the copy forced (the path of a server that declines the node), each layer's whole K and V
+    cache is converted."""
+    exe, rpc = binary("llama-perplexity"), ("--rpc", rpc_endpoints[0], "-ngl", "99")
+    beside = decode_step_ops(exe, tiny128, short_text, tool_env(), rpc)
+    copy = decode_step_ops(exe, tiny128, short_text, tool_env({"TURBOQ_WINDOW_COPY": "1"}), rpc)
+    assert_reads_beside(beside, copy, "RPC0[")  # the listing shows 5 letters of "RPC0[host:port]"
+    print(f"\ndecode step nodes on RPC: {len(beside)} beside the cache, {len(copy)} through the copy")
 
 
 def test_rpc_server_refuses_a_bad_flag(build_info):
