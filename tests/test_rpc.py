@@ -9,8 +9,10 @@ execute the same kernels on the same bytes, so the bound below is far looser tha
 """
 from __future__ import annotations
 
+import ctypes
 import re
 import socket
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -152,6 +154,59 @@ def test_a_decode_step_on_rpc_reads_the_window_without_copying_the_cache(rpc_end
     copy = decode_step_ops(exe, tiny128, short_text, tool_env({"TURBOQ_WINDOW_COPY": "1"}), rpc)
     assert_reads_beside(beside, copy, "RPC0[")  # the listing shows 5 letters of "RPC0[host:port]"
     print(f"\ndecode step nodes on RPC: {len(beside)} beside the cache, {len(copy)} through the copy")
+
+
+class _RpcTensor(ctypes.Structure):
+    """ggml-rpc.cpp's rpc_tensor (GGML_MAX_DIMS 4, GGML_MAX_OP_PARAMS 64, GGML_MAX_SRC 10, GGML_MAX_NAME 64),
+    packed as the protocol's messages are (#pragma pack(1))."""
+    _pack_ = 1
+    _fields_ = [("id", ctypes.c_uint64), ("type", ctypes.c_uint32), ("buffer", ctypes.c_uint64),
+                ("ne", ctypes.c_uint32 * 4), ("nb", ctypes.c_uint32 * 4), ("op", ctypes.c_uint32),
+                ("op_params", ctypes.c_int32 * 16), ("flags", ctypes.c_int32), ("src", ctypes.c_uint64 * 10),
+                ("view_src", ctypes.c_uint64), ("view_offs", ctypes.c_uint64), ("data", ctypes.c_uint64),
+                ("name", ctypes.c_char * 64), ("use_count", ctypes.c_int32)]
+
+
+def _rpc_call(sock: socket.socket, cmd: int, payload: bytes, reply: int) -> bytes:
+    """One command in ggml-rpc's framing: | cmd (1 byte) | size (8) | data |, answered | size (8) | data |."""
+    sock.sendall(struct.pack("<BQ", cmd, len(payload)) + payload)
+    data = b""
+    while len(data) < 8 + reply:
+        chunk = sock.recv(8 + reply - len(data))
+        assert chunk, "the server closed the connection"
+        data += chunk
+    assert struct.unpack("<Q", data[:8])[0] == reply
+    return data[8:]
+
+
+def test_rpc_server_answers_a_malformed_question_no_and_stays_up(rpc_endpoints):
+    """RPC_CMD_SUPPORTS_OP (patch 50) from a client that is not llama.cpp's: a node that is not a
+    flash attention with its sources, and one whose shape's element count overflows, are answered no
+    on the same connection, which then still answers; the server would otherwise reach an assert or
+    a null dereference in its backend's supports_op."""
+    from pyturbo._paths import library
+    op_name = library("ggml-base").ggml_op_name
+    op_name.restype, op_name.argtypes = ctypes.c_char_p, [ctypes.c_int]
+    fa_op = next(i for i in range(200) if op_name(i) == b"FLASH_ATTN_EXT")
+    assert ctypes.sizeof(_RpcTensor) == 296  # the server takes a question only at its exact size
+    host, port = rpc_endpoints[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        hello = _rpc_call(sock, 14, bytes(24), 28)  # RPC_CMD_HELLO: no transport capabilities asked
+        assert hello[:2] == bytes([7, 1]), hello[:3]  # protocol 7.1: the server takes the question
+
+        def ask(*tensors: _RpcTensor) -> int:
+            body = struct.pack("<II", 0, len(tensors)) + b"".join(bytes(t) for t in tensors)
+            return _rpc_call(sock, 18, body, 1)[0]  # RPC_CMD_SUPPORTS_OP
+
+        assert ask(_RpcTensor(id=1, op=0)) == 0  # not a flash attention
+        fa = _RpcTensor(id=1, op=fa_op)
+        for i in (0, 1, 2, 5, 6, 7):
+            fa.src[i] = 2
+        assert ask(fa) == 0  # its sources are missing from the question
+        huge = _RpcTensor(id=2, type=0)
+        huge.ne[:] = [0xFFFFFFFF] * 4
+        assert ask(fa, huge) == 0  # an element count past int64
+        assert _rpc_call(sock, 15, b"", 4) == struct.pack("<I", 1)  # RPC_CMD_DEVICE_COUNT: still answering
 
 
 def test_rpc_server_refuses_a_bad_flag(build_info):
