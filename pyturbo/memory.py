@@ -37,6 +37,10 @@ class KvGeometry:
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and self.swa_pattern > 0 and (il + 1) % self.swa_pattern != 0
 
+    def sliding(self) -> list[bool]:
+        """is_swa of every layer, as pyturbo.layer_adaptive's `sliding` takes it."""
+        return [self.is_swa(il) for il in range(self.n_layer)]
+
 
 def kv_geometry(model: str | Path) -> KvGeometry:
     from .gguf_meta import read_metadata
@@ -101,7 +105,7 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     cells_swa = (cells_full if swa_full else min(cells_full, _pad(g.n_swa * n_seq + n_ubatch))) if g.n_swa else 0
     cells = [cells_swa if g.is_swa(il) else cells_full for il in range(g.n_layer)]
     policy = policies().get(layer_adaptive) if layer_adaptive else None
-    sliding = [g.is_swa(il) for il in range(g.n_layer)]
+    sliding = g.sliding()
     # a mode that takes every candidate (4: the layers without a sliding window) picks the same
     # layers whatever the gains; only one that picks among them needs the model's K weights
     ranked = needs_gains(layer_adaptive)

@@ -153,6 +153,7 @@ def quality(args: argparse.Namespace) -> None:
     # batch in one ubatch (every configuration of it, the f16 base included, the same way)
     ubatch = ("-ub", str(batch)) if any(set(parse_config(c)[3]) & set(EXACT_ROWS.values()) for c in args.types) else ()
 
+    geo = kv_geometry(model)
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         base = Path(tmp) / "f16.kld"
         rows = []
@@ -161,13 +162,12 @@ def quality(args: argparse.Namespace) -> None:
             label, k, v, env = parse_config(c)
             r = llama_perplexity(model, text, k, v, ctx=args.ctx, batch=batch, chunks=chunks, threads=args.threads,
                                  kld_base=base, write_base=(c == "f16"), env=env, timeout=6 * 3600, extra=ubatch)
-            geo = kv_geometry(model)
             w = int(env.get(exact_window.ENV) or 0)
             sink = sink_rows(env, k, v, geo.mla)
             mode = int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0)
             ring_mib = window_bytes(model, k, v, mode, 1, w, window_margin(env), sink) / 2 ** 20 if w or sink else 0.0
             rows.append((label, config_bpw(geo.n_layer, k, v, env, args.ctx, geo.head_dim_k, geo.head_dim_v, geo.mla,
-                                            [geo.is_swa(il) for il in range(geo.n_layer)]),
+                                            geo.sliding()),
                          r.kv_mib + ring_mib, r))
             tqdm.write(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} median {r.kld_median} p99.9 {r.kld_p999} "
                        f"KV {r.kv_mib:.2f} MiB", file=sys.stderr)
