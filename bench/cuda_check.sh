@@ -25,8 +25,8 @@
 #   BUDGET_S              total seconds (default 570): benches that would overrun are skipped
 #   BENCH_DEPTHS          default 0,8192,32768;  BENCH_REPS default 2
 #   BENCH_CONFIGS         K/V configurations, each TYPE or K/V, then :MODE (LLAMA_ARG_LAYER_ADAPTIVE) and/or
-#                         :wW (an exact window of W, LLAMA_ARG_KV_EXACT_WINDOW, read after an F16 copy
-#                         of the cache on a GPU), default "f16 turboq3 turboq3:4:w32 turboq3:4 q4_0 q8_0
+#                         :wW (an exact window of W, LLAMA_ARG_KV_EXACT_WINDOW, read beside a turboq
+#                         cache: the packed kernel in decode, the F16 conversion in prefill), default "f16 turboq3 turboq3:4:w32 turboq3:4 q4_0 q8_0
 #                         turboq3:w32 turboq3/turboq4:3 q8_0/turboq3 turboq4" (turboq3:4:w32 is the
 #                         recommended configuration; on a model without sliding-window layers mode 4 is a turboq4 K
 #                         beside a turboq3 V); the budget may skip the last ones
@@ -204,6 +204,8 @@ tbo cpy             -o CPY
 tbo cpy-turboq      -o CPY -p "$TQF"
 tbo fa-turboq       -o FLASH_ATTN_EXT -p "$TQF"
 GGML_CUDA_TURBOQ_FA=packed tbo fa-turboq-packed -o FLASH_ATTN_EXT -p "$TQF"
+# exact rows through the F16 conversion (prefill's path) in every case, decode's included
+GGML_CUDA_TURBOQ_FA=f16 tbo fa-exact-f16 -o FLASH_ATTN_EXT -p "n_exact="
 # the _g64/_g32/_g16 twins (head sizes 64, 96, 192, MLA's 576; 80) and the trellis types turboq3t
 # and turboq2t, which CUDA declines unless built with -DGGML_CUDA_TURBOQ_TWINS=ON (as this build
 # is): their kernels have run only under CPU emulation (tests/test_cuda_emulation.py)

@@ -10,10 +10,10 @@ GGUF keys `key()` ("turboq.exact_window") and `margin_key()`: llama.cpp's tools 
 `--kv-exact-window W --kv-exact-window-margin M` (environment aliases LLAMA_ARG_KV_EXACT_WINDOW and
 LLAMA_ARG_KV_EXACT_WINDOW_MARGIN), llama-cpp-python with `kv_overrides`, pyturbo.Llama with
 `kv_exact_window=W, kv_exact_window_margin=M`, and `python -m server` with the same flags as
-llama.cpp's. With flash attention. CUDA's prefill, a q8_0 or q4_0 cache on a GPU and an RPC
-server whose backend declines the rows beside the cache read the window after an F16 copy of the
-cache's rows (the CPU, Vulkan beside a turboq cache, CUDA's decode of a turboq cache, and an RPC
-server whose backend takes them read the rows beside the cache).
+llama.cpp's. With flash attention. A q8_0 or q4_0 cache on a GPU and an RPC server whose backend
+declines the rows beside the cache read the window after an F16 copy of the cache's rows (the CPU,
+Vulkan and CUDA beside a turboq cache, and an RPC server whose backend takes them read the rows
+beside the cache).
 
 Sink rows: the setting `sink_key()` ("turboq.exact_sink", `--kv-exact-sink S`, alias
 LLAMA_ARG_KV_EXACT_SINK, pyturbo.Llama's `kv_exact_sink=S`) keeps each sequence's first S positions
