@@ -270,7 +270,7 @@ def test_flash_attention_reads_exact_rows_beside_a_turboq_cache_on_vulkan(vk_bin
     backend: head sizes 128 and 256, F32 and F16 rows, 4 query heads per KV head and none, one to 8
     queries of several sequences (decode) and 16 to 64 (prefill, which CUDA reads through its F16
     conversion), sinks, and f16 or q8_0 beside a turboq type."""
-    assert backend_ops(vk_bin, "FLASH_ATTN_EXT", "n_exact=") == 18
+    assert backend_ops(vk_bin, "FLASH_ATTN_EXT", "n_exact=") == 20
 
 
 def test_a_decode_step_on_vulkan_reads_the_window_without_copying_the_cache(vk_bin):

@@ -2,7 +2,9 @@
 
 A device machine gets the header (a few MB) and fills the tensor data with zeros
 (`truncate -s SIZE`): the same shapes and quantization types, so the same kernels and the same
-throughput as the real model; the outputs are meaningless, which llama-bench ignores.
+throughput as the real model; the outputs are meaningless, which llama-bench ignores. On the CPU
+load it without mmap (llama-bench `-lm none`, llama-cpp-python `use_mmap=False`): mapped, the
+file's holes all read one zero page from the cache, and decode runs faster than memory allows.
 
     python3 -m pyturbo.bench.zero_model DIR        # writes DIR/<name>.header and DIR/<name>.size
 """
@@ -33,7 +35,11 @@ class Shape:
 # the V / FFN-down projections)
 LLAMA_8B = Shape("llama-8b-shape-q4_k_m", 32, 4096, 32, 8, 14336, 128256, 131072, 500000.0)
 
-SHAPES = {s.name: s for s in (LLAMA_8B,)}
+# Llama-3.2-1B: head_dim 64 (the _g64 twins), GQA 4, 16 layers; its output layer is tied to the
+# embeddings in the real model, a tensor of its own here (as an untied export would have it)
+LLAMA_1B = Shape("llama-1b-shape-q4_k_m", 16, 2048, 32, 8, 8192, 128256, 131072, 500000.0)
+
+SHAPES = {s.name: s for s in (LLAMA_8B, LLAMA_1B)}
 
 
 def _tensors(s: Shape) -> list[tuple[str, tuple[int, ...], "gguf.GGMLQuantizationType"]]:

@@ -544,41 +544,25 @@ static int fa_main(int argc, char ** argv) {
 }
 
 
-// ---- a larger batch's F16 K, V and mask with the exact rows appended (fattn-turboq-f16.cu) ----
+// ---- a larger batch's F16 K, V and mask with the exact rows appended (fattn-turboq-f16.cuh) ----
 
-// fa-f16 TYPE_K TYPE_V D N_HEAD_KV N_STREAM N_Q N_KV N_EXACT EXACT_TYPE k.f32 v.f32 mask.f16 ek.f32 ev.f32 emask.f16 out.bin
+// fa-f16 TYPE_K TYPE_V D N_HEAD_KV N_STREAM N_Q N_KV N_EXACT EXACT_TYPE EXACT_STREAMS
+//        k.f32 v.f32 mask.f16 ek.f32 ev.f32 emask.f16 out.bin
 // k, v: [N_STREAM][N_KV][N_HEAD_KV][D] (a cache's view: the KV heads of a row together, each
-// stream its own rows), turboq or f16; mask [N_STREAM][N_Q][N_KV] f16; ek, ev [N_EXACT][N_HEAD_KV][D]
-// and emask [N_Q][N_EXACT], one set that every stream reads (ne3 = 1). Writes the buffers that
-// ggml_cuda_turboq_fa_f16_fill fills, concatenated: K, V [N_STREAM][N_HEAD_KV][n_tot][D] f16,
-// the mask [N_STREAM][N_Q][n_tot] f16, n_tot printed on stderr.
+// stream its own rows), turboq or f16; mask [N_STREAM][N_Q][N_KV] f16; ek, ev
+// [EXACT_STREAMS][N_EXACT][N_HEAD_KV][D] and emask [EXACT_STREAMS][N_Q][N_EXACT], EXACT_STREAMS 1
+// (every stream reads the same set) or N_STREAM. tq_fa_f16_node_init and tq_fa_f16_fill run as
+// CUDA runs them, with launches emulated; writes the buffers, concatenated: K, V
+// [N_STREAM][N_HEAD_KV][n_tot][D] f16, the mask [N_STREAM][rows][n_tot] f16 (n_tot, rows on stderr).
 template <ggml_type type>
-static void fa_f16_cache(const ggml_tensor & c, const tq_fa_f16_layout & l, const int64_t d, half * y) {
-    const dim3 block(WARP_SIZE, TQ_WARPS_PER_BLOCK, 1);
-    for (int64_t i3 = 0; i3 < c.ne[3]; ++i3) {
-        for (int64_t i2 = 0; i2 < c.ne[2]; ++i2) {
-            // as tq_to_fp16_nc converts one KV head's rows (turboq.cu), into that head's slab
-            const int64_t bs = (int64_t) sizeof(typename tq_traits<type>::block);
-            const tq_nd s = { c.ne[0], c.ne[1], 1, bs, (int64_t) c.nb[1], (int64_t) c.nb[2], (int64_t) c.nb[3] };
-            const tq_nd o = { c.ne[0], c.ne[1], 1, 2, 2*c.ne[0], 2*c.ne[0]*c.ne[1], 2*c.ne[0]*c.ne[1] };
-            const int64_t n_groups = c.ne[0]*c.ne[1] / tq_traits<type>::G;
-            const char * src = (const char *) c.data + i2*c.nb[2] + i3*c.nb[3];
-            half * dst = y + i2*d*l.n_tot + i3*d*l.n_tot*l.n_head_kv;
-            emu_launch(emu_grid(n_groups), block, [&] { k_tq_dequantize_nd<type, half>(src, (char *) dst, n_groups, s, o); });
-        }
-    }
-}
-
-static void fa_f16_rows(const ggml_tensor & src, const int64_t n_rows, half * y, const int64_t d1, const int64_t d2,
-                        const int64_t d3, const int64_t ne3) {
-    const int64_t nb3 = src.ne[3] == 1 ? 0 : (int64_t) src.nb[3];
-    emu_launch(dim3((unsigned) n_rows, (unsigned) src.ne[2], (unsigned) ne3), dim3(TQ_FA_F16_THREADS), [&] {
-        if (src.type == GGML_TYPE_F32) {
-            k_tq_fa_f16_rows<float>((const char *) src.data, src.nb[1], src.nb[2], nb3, src.ne[1], y, d1, d2, d3, (int) src.ne[0]);
-        } else {
-            k_tq_fa_f16_rows<half>((const char *) src.data, src.nb[1], src.nb[2], nb3, src.ne[1], y, d1, d2, d3, (int) src.ne[0]);
-        }
-    });
+static void fa_f16_convert(const char * x, half * y, int64_t ne00, int64_t ne01, int64_t s01, int64_t s02, int64_t s03) {
+    // as tq_to_fp16_nc (turboq.cu) converts with ne02 = ne03 = 1
+    const int64_t bs = (int64_t) sizeof(typename tq_traits<type>::block);
+    const tq_nd s = { ne00, ne01, 1, bs, s01*bs, s02*bs, s03*bs };
+    const tq_nd d = { ne00, ne01, 1, 2, 2*ne00, 2*ne00*ne01, 2*ne00*ne01 };
+    const int64_t n_groups = ne00*ne01 / tq_traits<type>::G;
+    emu_launch(emu_grid(n_groups), dim3(WARP_SIZE, TQ_WARPS_PER_BLOCK, 1),
+               [&] { k_tq_dequantize_nd<type, half>(x, (char *) y, n_groups, s, d); });
 }
 
 // a tensor struct over host data: ne0 x ne1 x ne2 x ne3 at byte strides nb1..nb3
@@ -593,14 +577,14 @@ static ggml_tensor fa_f16_view(ggml_type type, void * data, int64_t ne0, int64_t
 }
 
 static int fa_f16_main(int argc, char ** argv) {
-    if (argc != 18) {
-        fprintf(stderr, "usage: %s fa-f16 TYPE_K TYPE_V D N_HEAD_KV N_STREAM N_Q N_KV N_EXACT EXACT_TYPE "
+    if (argc != 19) {
+        fprintf(stderr, "usage: %s fa-f16 TYPE_K TYPE_V D N_HEAD_KV N_STREAM N_Q N_KV N_EXACT EXACT_TYPE EXACT_STREAMS "
                         "k.f32 v.f32 mask.f16 ek.f32 ev.f32 emask.f16 out.bin\n", argv[0]);
         return 2;
     }
     const ggml_type types[2] = { (ggml_type) atoi(argv[2]), (ggml_type) atoi(argv[3]) };
     const int64_t d = atoi(argv[4]), n_head_kv = atoi(argv[5]), n_stream = atoi(argv[6]), n_q = atoi(argv[7]),
-                  n_kv = atoi(argv[8]), n_exact = atoi(argv[9]);
+                  n_kv = atoi(argv[8]), n_exact = atoi(argv[9]), n_es = atoi(argv[11]);
     const ggml_type te = (ggml_type) atoi(argv[10]);
     for (ggml_type t : types) {
         if (t != GGML_TYPE_F16 && (ggml_turboq_group(t) == 0 || d % ggml_turboq_group(t) != 0)) {
@@ -609,19 +593,19 @@ static int fa_f16_main(int argc, char ** argv) {
         }
     }
     if (d <= 0 || n_head_kv <= 0 || n_stream <= 0 || n_q <= 0 || n_kv <= 0 || n_exact <= 0 ||
-        (te != GGML_TYPE_F32 && te != GGML_TYPE_F16)) {
+        (te != GGML_TYPE_F32 && te != GGML_TYPE_F16) || (n_es != 1 && n_es != n_stream)) {
         fprintf(stderr, "bad shapes\n");
         return 2;
     }
     std::vector<float> kv[2], ex[2];
-    std::vector<uint16_t> mask((size_t) n_stream*n_q*n_kv), emask((size_t) n_q*n_exact);
+    std::vector<uint16_t> mask((size_t) n_stream*n_q*n_kv), emask((size_t) n_es*n_q*n_exact);
     bool ok = true;
     for (int i = 0; i < 2; ++i) {
         kv[i].resize((size_t) n_stream*n_kv*n_head_kv*d);
-        ex[i].resize((size_t) n_exact*n_head_kv*d);
-        ok = ok && read_file(argv[11 + i], kv[i].data(), kv[i].size()*4) && read_file(argv[14 + i], ex[i].data(), ex[i].size()*4);
+        ex[i].resize((size_t) n_es*n_exact*n_head_kv*d);
+        ok = ok && read_file(argv[12 + i], kv[i].data(), kv[i].size()*4) && read_file(argv[15 + i], ex[i].data(), ex[i].size()*4);
     }
-    ok = ok && read_file(argv[13], mask.data(), mask.size()*2) && read_file(argv[16], emask.data(), emask.size()*2);
+    ok = ok && read_file(argv[14], mask.data(), mask.size()*2) && read_file(argv[17], emask.data(), emask.size()*2);
     if (!ok) {
         return 2;
     }
@@ -632,39 +616,62 @@ static int fa_f16_main(int argc, char ** argv) {
         exact[i] = fa_cache(te, ex[i], (int) d);
         const size_t row = ggml_row_size(types[i], d), erow = ggml_row_size(te, d);
         c[i] = fa_f16_view(types[i], cache[i].data(), d, n_kv, n_head_kv, n_stream, row*n_head_kv, row, row*n_head_kv*n_kv);
-        e[i] = fa_f16_view(te, exact[i].data(), d, n_exact, n_head_kv, 1, erow*n_head_kv, erow, erow*n_head_kv*n_exact);
+        e[i] = fa_f16_view(te, exact[i].data(), d, n_exact, n_head_kv, n_es, erow*n_head_kv, erow, erow*n_head_kv*n_exact);
     }
+    ggml_tensor q  = fa_f16_view(GGML_TYPE_F32, nullptr, d, n_q, 4*n_head_kv, n_stream, 4*d, 4*d*n_q, 16*d*n_q*n_head_kv);
     ggml_tensor m  = fa_f16_view(GGML_TYPE_F16, mask.data(), n_kv, n_q, 1, n_stream, 2*n_kv, 2*n_kv*n_q, 2*n_kv*n_q);
-    ggml_tensor em = fa_f16_view(GGML_TYPE_F16, emask.data(), n_exact, n_q, 1, 1, 2*n_exact, 2*n_exact*n_q, 2*n_exact*n_q);
+    ggml_tensor em = fa_f16_view(GGML_TYPE_F16, emask.data(), n_exact, n_q, 1, n_es, 2*n_exact, 2*n_exact*n_q, 2*n_exact*n_q);
+    ggml_tensor fa = fa_f16_view(GGML_TYPE_F32, nullptr, d, 4*n_head_kv, n_q, n_stream, 4*d, 16*d*n_head_kv, 16*d*n_head_kv*n_q);
+    fa.op = GGML_OP_FLASH_ATTN_EXT;
+    fa.src[0] = &q; fa.src[1] = &c[0]; fa.src[2] = &c[1]; fa.src[3] = &m;
+    ggml_flash_attn_ext_set_exact(&fa, &e[0], &e[1], &em);
 
-    const tq_fa_f16_layout l = tq_fa_f16_layout_of(&c[0], &c[1], &m, &e[0], &em);
-    std::vector<half> buf(l.size/2, half{ 0x7e00 });  // NaN: every value must be written
-    for (int i = 0; i < 2; ++i) {
-        half * y = buf.data() + (i == 0 ? l.k_offs : l.v_offs)/2;
-        const int64_t d1 = d, d2 = d*l.n_tot, d3 = d2*n_head_kv;
-        switch (types[i]) {
-            case GGML_TYPE_F16:       fa_f16_rows(c[i], n_kv, y, d1, d2, d3, n_stream); break;
-            case GGML_TYPE_TURBOQ2:   fa_f16_cache<GGML_TYPE_TURBOQ2>(c[i], l, d, y); break;
-            case GGML_TYPE_TURBOQ3:   fa_f16_cache<GGML_TYPE_TURBOQ3>(c[i], l, d, y); break;
-            case GGML_TYPE_TURBOQ4:   fa_f16_cache<GGML_TYPE_TURBOQ4>(c[i], l, d, y); break;
-            case GGML_TYPE_TURBOQ3_G64: fa_f16_cache<GGML_TYPE_TURBOQ3_G64>(c[i], l, d, y); break;
-            case GGML_TYPE_TURBOQ3T:  fa_f16_cache<GGML_TYPE_TURBOQ3T>(c[i], l, d, y); break;
-            default: fprintf(stderr, "no emulated conversion for %s\n", ggml_type_name(types[i])); return 2;
-        }
-        fa_f16_rows(e[i], l.n_tot - n_kv, y + n_kv*d1, d1, d2, d3, n_stream);
+    tq_fa_f16_node n;
+    const auto converts = [](const ggml_tensor * t) { return t->type == GGML_TYPE_F16 || ggml_turboq_group(t->type) != 0; };
+    if (!tq_fa_f16_node_init(n, &fa, converts)) {
+        fprintf(stderr, "tq_fa_f16_node_init declined the node\n");
+        return 1;
     }
-    emu_launch(dim3((unsigned) l.mask_ne1, (unsigned) l.mask_ne3), dim3(TQ_FA_F16_THREADS), [&] {
-        k_tq_fa_f16_mask((const char *) m.data, m.nb[1], m.ne[3] == 1 ? 0 : (int64_t) m.nb[3],
-                         (const char *) em.data, em.nb[1], 0, em.ne[1], (int) l.n_kv, (int) l.n_exact, (int) l.n_tot,
-                         l.mask_ne1, buf.data() + l.mask_offs/2);
-    });
-    fprintf(stderr, "n_tot %lld\n", (long long) l.n_tot);
-    FILE * f = fopen(argv[17], "wb");
-    const size_t nk = (size_t) d*l.n_tot*n_head_kv*n_stream, nm = (size_t) l.n_tot*l.mask_ne1*l.mask_ne3;
-    ok = f && fwrite(buf.data() + l.k_offs/2, 2, nk, f) == nk && fwrite(buf.data() + l.v_offs/2, 2, nk, f) == nk &&
-         fwrite(buf.data() + l.mask_offs/2, 2, nm, f) == nm;
+    const tq_fa_f16_layout & l = n.layout;
+    std::vector<char> buf(l.size + 128);
+    char * base = (char *) tq_fa_f16_align((uintptr_t) buf.data());
+    for (size_t i = 0; i + 1 < l.size; i += 2) {
+        memcpy(base + i, "\x00\x7e", 2);  // NaN: every value must be written
+    }
+    const auto convert = [](const ggml_tensor * cache, const char * x, half * y, int64_t ne00, int64_t ne01, int64_t s01,
+                            int64_t s02, int64_t s03) {
+        switch (cache->type) {
+            case GGML_TYPE_TURBOQ2:     fa_f16_convert<GGML_TYPE_TURBOQ2>(x, y, ne00, ne01, s01, s02, s03); break;
+            case GGML_TYPE_TURBOQ3:     fa_f16_convert<GGML_TYPE_TURBOQ3>(x, y, ne00, ne01, s01, s02, s03); break;
+            case GGML_TYPE_TURBOQ4:     fa_f16_convert<GGML_TYPE_TURBOQ4>(x, y, ne00, ne01, s01, s02, s03); break;
+            case GGML_TYPE_TURBOQ3_G64: fa_f16_convert<GGML_TYPE_TURBOQ3_G64>(x, y, ne00, ne01, s01, s02, s03); break;
+            case GGML_TYPE_TURBOQ3T:    fa_f16_convert<GGML_TYPE_TURBOQ3T>(x, y, ne00, ne01, s01, s02, s03); break;
+            default: fprintf(stderr, "no emulated conversion for %s\n", ggml_type_name(cache->type)); exit(2);
+        }
+    };
+    const auto rows = [](const tq_fa_f16_rows_args & a) {
+        emu_launch(a.grid, dim3(TQ_FA_F16_THREADS), [&] {
+            if (a.type == GGML_TYPE_F32) {
+                k_tq_fa_f16_rows<float>(a);
+            } else {
+                k_tq_fa_f16_rows<half>(a);
+            }
+        });
+    };
+    const auto masks = [](const tq_fa_f16_mask_args & a) {
+        emu_launch(a.grid, dim3(TQ_FA_F16_THREADS), [&] { k_tq_fa_f16_mask(a); });
+    };
+    tq_fa_f16_fill(n, &fa, base, convert, rows, masks);
+    if (n.k.data != base + l.k_offs || n.mask.data != base + l.mask_offs || n.fa.src[1] != &n.k || n.fa.src[5] != nullptr) {
+        fprintf(stderr, "the node does not point at its buffers\n");
+        return 1;
+    }
+    fprintf(stderr, "n_tot %lld, mask rows %lld\n", (long long) l.n_tot, (long long) l.mask_ne1);
+    FILE * f = fopen(argv[18], "wb");
+    const size_t nk = ggml_nbytes(&n.k), nv = ggml_nbytes(&n.v), nm = ggml_nbytes(&n.mask);
+    ok = f && fwrite(n.k.data, 1, nk, f) == nk && fwrite(n.v.data, 1, nv, f) == nv && fwrite(n.mask.data, 1, nm, f) == nm;
     if (!ok) {
-        fprintf(stderr, "cannot write %s\n", argv[17]);
+        fprintf(stderr, "cannot write %s\n", argv[18]);
     }
     return f && fclose(f) == 0 && ok ? 0 : 1;
 }
