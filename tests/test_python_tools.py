@@ -581,3 +581,20 @@ def test_bench_speed_prints_each_decode_figure_beside_its_bandwidth_bound(build_
     row = next(line for line in out.splitlines() if line.startswith("| turboq3 |"))
     assert f"| 9.00 | {bound:.1f} | {100 * 9 / bound:.0f}% |" in row, out
     assert "pp512" not in out
+
+
+def test_decode_at_depth_bench_prints_each_thread_count_beside_its_bound(tiny128):
+    """bench/decode_at_depth.py (issue 62's decode at depth after one prefill): on the tiny model,
+    a line for each of its four decode runs, each with a finite rate and its bound."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "bench" / "decode_at_depth.py"), str(tiny128), "turboq3", "96", "2"],
+                       capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = re.findall(r"-t ([12]): ([0-9.]+) t/s, bound ([0-9.]+) t/s", r.stdout)
+    assert [t for t, _, _ in runs] == ["1", "2", "1", "2"], r.stdout
+    assert all(float(tps) > 0 and float(bound) > 0 for _, tps, bound in runs), r.stdout
