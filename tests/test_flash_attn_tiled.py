@@ -159,25 +159,29 @@ def test_a_packed_decode_step_is_the_same_on_any_thread_count_and_position(lib, 
     assert np.abs(outs[0] - ref).max() > 1e-6 * scale_out, "the packed path did not run"
 
 
-def test_a_deep_decode_step_in_cache_sized_chunks_is_the_same_on_any_thread_count(lib):
-    """At depth a decode step's KV range is cut into chunks of at most 256 KiB of K and V rows
-    (fattn-tiled-q.cpp's CHUNK_BYTES: 8 KV heads of 128 turboq3 values at 16384 positions make 6
+def test_a_deep_decode_step_in_cache_sized_chunks_is_the_same_on_any_thread_count_and_cache_size(lib):
+    """At depth a decode step's KV range is cut into chunks of about 256 KiB of K and V rows
+    (fattn-tiled-q.cpp's CHUNK_BYTES; this helper holds each KV head's rows contiguously, so a row
+    counts one head's 50 + 50 bytes: 8 KV heads of 128 turboq3 values over 16184 visible rows make 7
     chunks a head, where the split for the threads alone made 4), run chunk by chunk across the
-    heads. The floats still do not depend on the thread count, and stay within TOL_PACKED of the
-    float one-row path."""
+    heads. The floats do not depend on the thread count, nor on how many other rows (another
+    sequence's, hidden) the cache holds, which sets how the whole range would be cut; they stay
+    within TOL_PACKED of the float one-row path."""
     if not fa_packed(lib, "turboq3"):
         pytest.skip("this CPU build has no packed path (x86: AVX-512 BW + VNNI, or AVX2; AArch64 NEON)")
     n_kv, dk = 16384, 128
     rng = np.random.default_rng(7)
     q = rng.standard_normal((8, 1, dk)).astype(np.float32)
-    k = (rng.standard_normal((8, n_kv, dk)) * 0.5).astype(np.float32)
-    v = rng.standard_normal((8, n_kv, dk)).astype(np.float32)
-    mask = np.zeros((1, n_kv), np.float32)
-    mask[0, n_kv - 200:] = -np.inf  # a padded cache's tail
-    outs = [attention.flash_attn(q, k, v, "turboq3", "turboq3", n_threads=t, mask=mask) for t in (1, 2, 3)]
-    for t, out in zip((2, 3), outs[1:]):
-        np.testing.assert_array_equal(out, outs[0], err_msg=f"{t} threads against 1")
-    ref = attention.flash_attn(q, k, v, "turboq3", "turboq3", mask=mask, reference=True)
+    k = (rng.standard_normal((8, 2 * n_kv, dk)) * 0.5).astype(np.float32)
+    v = rng.standard_normal((8, 2 * n_kv, dk)).astype(np.float32)
+    mask = np.zeros((1, 2 * n_kv), np.float32)
+    mask[0, n_kv - 200:] = -np.inf  # a padded cache's tail; past n_kv, another sequence's rows
+    kk, vv, mm = k[:, :n_kv], v[:, :n_kv], mask[:, :n_kv]
+    outs = [attention.flash_attn(q, kk, vv, "turboq3", "turboq3", n_threads=t, mask=mm) for t in (1, 2, 3)]
+    outs.append(attention.flash_attn(q, k, v, "turboq3", "turboq3", n_threads=2, mask=mask))
+    for name, out in zip(("2 threads", "3 threads", "a cache twice the size"), outs[1:]):
+        np.testing.assert_array_equal(out, outs[0], err_msg=f"{name} against 1 thread")
+    ref = attention.flash_attn(q, kk, vv, "turboq3", "turboq3", mask=mm, reference=True)
     scale_out = max(1.0, float(np.abs(ref).max()))
     assert np.abs(outs[0] - ref).max() < TOL_PACKED * scale_out
     assert np.abs(outs[0] - ref).max() > 1e-6 * scale_out, "the packed path did not run"

@@ -592,7 +592,8 @@ def test_decode_at_depth_bench_prints_each_thread_count_beside_its_bound(tiny128
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "bench" / "decode_at_depth.py"), str(tiny128), "turboq3", "96", "2"],
+    r = subprocess.run([sys.executable, str(root / "bench" / "decode_at_depth.py"), str(tiny128), "turboq3:sink0", "96",
+                        "--steps", "2", "--probe-mib", "64"],
                        capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert r.returncode == 0, r.stderr[-2000:]
     runs = re.findall(r"-t ([12]): ([0-9.]+) t/s, bound ([0-9.]+) t/s", r.stdout)
