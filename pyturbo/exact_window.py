@@ -3,7 +3,7 @@
 Every token is still quantized into the cache; each layer whose K or V is quantized also keeps
 the rows of each sequence's last W + M positions in F16 (llama-turboq-window.h), and a query
 reads the last W positions of its sequence from them instead of from the cache. The margin M
-(default 16) keeps the window whole after the last M positions are removed again (speculative
+(default 16; beside "auto", auto's) keeps the window whole after the last M positions are removed again (speculative
 drafts, a prompt reused up to a few tokens before its end); past it the context is processed
 again, so M = 0 saves those rows where nothing is rolled back. Both are settings of the model, the
 GGUF keys `key()` ("turboq.exact_window") and `margin_key()`: llama.cpp's tools set them with
@@ -14,6 +14,13 @@ llama.cpp's. With flash attention. A q8_0 or q4_0 cache on a GPU and an RPC serv
 declines the rows beside the cache read the window after an F16 copy of the cache's rows (the CPU,
 Vulkan and CUDA beside a turboq cache, and an RPC server whose backend takes them read the rows
 beside the cache).
+
+"auto" (-1 as the key's value, `AUTO`) sizes the window and its margin by the context's cells per sequence instead
+(`auto_window`, libllama's llama_turboq_exact_window_auto): their rows weigh at most a sixth of
+a bit per value, from a window of 4 at 512 positions per sequence up to 32 with a margin of 16 at
+4,608 and more. A fixed window's rows weigh 16 x (W + M) / positions bits per value: the
+recommended configuration's 32 and 16 cost 1.5 bits at 512 positions, and auto keeps it within
+4 bits there.
 
 Sink rows: the setting `sink_key()` ("turboq.exact_sink", `--kv-exact-sink S`, alias
 LLAMA_ARG_KV_EXACT_SINK, pyturbo.Llama's `kv_exact_sink=S`) keeps each sequence's first S positions
@@ -33,6 +40,7 @@ ENV = "LLAMA_ARG_KV_EXACT_WINDOW"                # common's set_env alias of --k
 MARGIN_ENV = "LLAMA_ARG_KV_EXACT_WINDOW_MARGIN"  # and of --kv-exact-window-margin
 SINK_ENV = "LLAMA_ARG_KV_EXACT_SINK"              # and of --kv-exact-sink
 SINK_AUTO = -1                                    # turboq.exact_sink's auto (LLAMA_TURBOQ_EXACT_SINK_AUTO)
+AUTO = -1                                         # turboq.exact_window's auto (LLAMA_TURBOQ_EXACT_WINDOW_AUTO)
 
 
 @lru_cache(maxsize=1)
@@ -88,16 +96,51 @@ def sink_count(sink: int | str | None, type_k: str, type_v: str) -> int:
     return sink_auto(type_k, type_v) if s == SINK_AUTO else s
 
 
-def rows_per_sequence(w: int, margin: int | None = None, sink: int = 0) -> int:
-    """F16 rows each window layer keeps per sequence for a window of w positions (0 for none), the
-    given margin (None: libllama's default) and sink rows (a count: see sink_count for auto)
-    (llama_turboq_exact_rows_per_seq)."""
+def window_setting(text: str | None) -> int | str | None:
+    """The text of --kv-exact-window or LLAMA_ARG_KV_EXACT_WINDOW as a setting: None when unset,
+    AUTO for "auto", else its number (text that is none comes back as it is, for check's error)."""
+    if text is None or text == "auto":
+        return None if text is None else AUTO
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def auto_window(cells: int, margin: int | None = None) -> tuple[int, int]:
+    """The window and margin that auto gives a cache of `cells` cells per sequence (the margin
+    given, or None for auto's) (llama_turboq_exact_window_auto)."""
+    fn = library("llama").llama_turboq_exact_window_auto
+    fn.restype = C.c_uint32
+    fn.argtypes = [C.c_uint32, C.c_int32, C.POINTER(C.c_uint32)]
+    m = C.c_uint32(0)
+    w = int(fn(max(int(cells), 0), -1 if margin is None else check_margin(margin), C.byref(m)))
+    return w, int(m.value)
+
+
+def rows_per_sequence(w: int, margin: int | None = None, sink: int = 0, cells: int | None = None) -> int:
+    """F16 rows each window layer keeps per sequence for a window of w positions (0 for none; AUTO
+    with `cells`, the context's cells per sequence), the given margin (None: libllama's
+    default) and sink rows (a count: see sink_count for auto) (llama_turboq_exact_rows_per_seq)."""
+    if check(w) == AUTO:
+        if cells is None:
+            raise ValueError("an auto exact window is sized by the context: give its cells per sequence")
+        w, margin = auto_window(cells, margin)
     if w <= 0 and sink <= 0:
         return 0
     fn = library("llama").llama_turboq_exact_rows_per_seq
     fn.restype = C.c_uint32
     fn.argtypes = [C.c_uint32, C.c_int32, C.c_uint32]
     return int(fn(max(w, 0), -1 if margin is None else check_margin(margin), check_sink(max(sink, 0))))
+
+
+def context_window(ctx: int) -> int:
+    """The window's positions in a context's caches (0: none; auto's as sized, the largest of its
+    caches) (llama_turboq_exact_window)."""
+    fn = library("llama").llama_turboq_exact_window
+    fn.restype = C.c_int32
+    fn.argtypes = [C.c_void_p]
+    return int(fn(ctx))
 
 
 def can_continue(ctx: int, seq: int, n_past: int) -> bool:
@@ -109,9 +152,12 @@ def can_continue(ctx: int, seq: int, n_past: int) -> bool:
     return bool(fn(ctx, seq, n_past))
 
 
-def check(w: int) -> int:
+def check(w: int | str) -> int:
+    """A window setting as the key's value: a number of positions, or -1 for "auto" (or -1)."""
+    if w == "auto" or (isinstance(w, int) and not isinstance(w, bool) and w == AUTO):
+        return AUTO
     if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= max_positions():
-        raise ValueError(f"exact window {w!r}: a number of positions, 0 (off) to {max_positions()}")
+        raise ValueError(f"exact window {w!r}: a number of positions, 0 (off) to {max_positions()}, or 'auto'")
     return w
 
 
@@ -130,8 +176,8 @@ def check_sink(s: int | str) -> int:
     return s
 
 
-def kv_override(w: int, margin: int | None = None) -> dict[str, int]:
-    """The window (and its margin, None: the model's) as llama-cpp-python's kv_overrides
+def kv_override(w: int | str, margin: int | None = None) -> dict[str, int]:
+    """The window (a count or "auto"; and its margin, None: the model's) as llama-cpp-python's kv_overrides
     (Llama(..., kv_overrides=...))."""
     out = {key(): check(w)}
     if margin is not None:

@@ -100,8 +100,9 @@ def creating_context(*, verbose: bool = True) -> Iterator[None]:
 
 class Llama(llama_cpp.Llama):
     """llama_cpp.Llama with `cache_type_k`, `cache_type_v` (names), `layer_adaptive` (a mode's number or name),
-    `kv_exact_window` (each sequence's last W positions read exact; pyturbo.exact_window),
-    `kv_exact_window_margin` (positions kept beyond it for rollbacks; default 16), `kv_exact_sink`
+    `kv_exact_window` (each sequence's last W positions read exact, or "auto": sized by the context;
+    pyturbo.exact_window),
+    `kv_exact_window_margin` (positions kept beyond it for rollbacks; default 16, auto's beside "auto"), `kv_exact_sink`
     (each sequence's first S positions read exact by every query; default "auto": one row beside a
     turboq cache, 0 for none), `k_center`
     (K centering of a turboq K cache; default on) and `k_scale` (its channel scale: "auto", the
@@ -109,7 +110,7 @@ class Llama(llama_cpp.Llama):
 
     def __init__(self, model_path: str, *args: Any, cache_type_k: str | CacheType | None = None,
                  cache_type_v: str | CacheType | None = None, layer_adaptive: int | str | None = None,
-                 kv_exact_window: int | None = None, kv_exact_window_margin: int | None = None,
+                 kv_exact_window: int | str | None = None, kv_exact_window_margin: int | None = None,
                  kv_exact_sink: int | str | None = None, k_center: bool | None = None, k_scale: str | None = None,
                  **kwargs: Any) -> None:
         tk = requested_cache_type(cache_type_k) if cache_type_k is not None else None
@@ -150,7 +151,7 @@ class Llama(llama_cpp.Llama):
         if k_scale is not None:
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_kc.scale_override(k_scale)}
         overrides = kwargs.get("kv_overrides") or {}
-        self.kv_exact_window = kv_exact_window or int(overrides.get(_ew.key(), 0))
+        self.kv_exact_window = _ew.check(kv_exact_window) if kv_exact_window else int(overrides.get(_ew.key(), 0))
         self.kv_exact_sink = sink if sink is not None else int(overrides.get(_ew.sink_key(), _ew.SINK_AUTO))
         verbose = kwargs.get("verbose", True)
         with creating_context(verbose=verbose):

@@ -64,7 +64,8 @@ def kv_geometry(model: str | Path) -> KvGeometry:
                       head_dim_k, head_dim_v, n_swa if pattern else 0, pattern, mla)
 
 
-def _pad(n: int) -> int:
+def pad_cells(n: int) -> int:
+    """The cells llama.cpp allocates for n positions (padded to KV_PAD)."""
     return (n + KV_PAD - 1) // KV_PAD * KV_PAD
 
 
@@ -82,7 +83,8 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     which this function does not read: their boundary layers are taken to be those with the
     most cells, so the result is at least what llama.cpp allocates. Without it those modes
     raise ValueError.
-    exact_window: W of --kv-exact-window; each layer with a quantized K or V then also holds F16
+    exact_window: W of --kv-exact-window (exact_window.AUTO: auto's, sized by the context's cells
+    per sequence, on every layer); each layer with a quantized K or V then also holds F16
     rows of K and V, rows_per_sequence(W, exact_window_margin) per sequence plus one, whatever the
     streams (exact_window_margin: --kv-exact-window-margin; None: the default); exact_sink: S of
     --kv-exact-sink, S more such rows per sequence; "auto" (or -1: llama.cpp's default when the
@@ -94,16 +96,18 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     if sink == _ew.SINK_AUTO:
         sink = 0 if kv_geometry(model).mla else _ew.sink_count(sink, cache_type_k, cache_type_v)
     if exact_window or sink:
+        # an auto window is sized by the context's cells per sequence (a stream's cells x streams / sequences),
+        # on the sliding-window layers too
+        seq_cells = pad_cells(n_ctx // n_stream) * n_stream // max(1, n_seq)
         return kv_bytes(model, n_ctx, cache_type_k, cache_type_v, layer_adaptive, n_seq, n_ubatch, swa_full,
                         n_stream, upper_bound, exact_sink=0) + window_bytes(model, cache_type_k, cache_type_v, layer_adaptive,
-                                                                            n_seq, exact_window, exact_window_margin, sink)
+                                                                            n_seq, exact_window, exact_window_margin, sink,
+                                                                            seq_cells)
     if n_stream > 1:
         return n_stream * kv_bytes(model, n_ctx // n_stream, cache_type_k, cache_type_v, layer_adaptive,
                                    max(1, n_seq // n_stream), n_ubatch, swa_full, upper_bound=upper_bound, exact_sink=0)
     g = kv_geometry(model)
-    cells_full = _pad(n_ctx)
-    cells_swa = (cells_full if swa_full else min(cells_full, _pad(g.n_swa * n_seq + n_ubatch))) if g.n_swa else 0
-    cells = [cells_swa if g.is_swa(il) else cells_full for il in range(g.n_layer)]
+    cells = layer_cells(g, n_ctx, n_seq, n_ubatch, swa_full)
     policy = policies().get(layer_adaptive) if layer_adaptive else None
     sliding = g.sliding()
     # a mode that takes every candidate (4: the layers without a sliding window) picks the same
@@ -130,18 +134,28 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     return total
 
 
+def layer_cells(g: KvGeometry, n_ctx: int, n_seq: int, n_ubatch: int = 512, swa_full: bool = False) -> list[int]:
+    """Each layer's cache cells for a stream of n_ctx cells and n_seq sequences (a sliding-window
+    layer keeps n_swa per sequence and a ubatch, unless swa_full)."""
+    cells_full = pad_cells(n_ctx)
+    cells_swa = (cells_full if swa_full else min(cells_full, pad_cells(g.n_swa * n_seq + n_ubatch))) if g.n_swa else 0
+    return [cells_swa if g.is_swa(il) else cells_full for il in range(g.n_layer)]
+
+
 def window_bytes(model: str | Path, cache_type_k: str, cache_type_v: str, layer_adaptive: int, n_seq: int,
-                  w: int, margin: int | None = None, sink: int = 0) -> int:
+                  w: int, margin: int | None = None, sink: int = 0, cells: int | None = None) -> int:
     """The exact window's and sink rows' F16 rows (llama-turboq-window.h) in the layers that keep them. For the
     modes that rank layers by K gain, their boundary types are quantized as well (q8_0, turboq4), so
-    which layers they are does not change the count."""
+    which layers they are does not change the count. An auto window (exact_window.AUTO) is sized by
+    `cells`, the context's cells per sequence (every layer's, a sliding-window one's included)."""
     g = kv_geometry(model)
     if g.mla:
         raise ValueError("the exact window is refused on MLA models (llama.cpp refuses it: attention reads V out of K)")
     policy = policies().get(layer_adaptive) if layer_adaptive else None
     boundary = boundary_layers(layer_adaptive, g.n_layer, [1] * g.n_layer) if policy and not policy.k_gain_div else \
         [False] * g.n_layer
-    rows = n_seq * _ew.rows_per_sequence(w, margin, sink) + 1
+    per_seq = _ew.rows_per_sequence(w, margin, sink, cells)
+    rows = n_seq * per_seq + 1 if per_seq else 0  # and the slot for rows no sequence keeps
     total = 0
     for il in range(g.n_layer):
         tk, tv = policy.types(boundary[il], cache_type_k, cache_type_v) if policy else (cache_type_k, cache_type_v)

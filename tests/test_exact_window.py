@@ -143,7 +143,7 @@ def test_the_window_needs_flash_attention_and_says_so(tiny128, short_text):
     assert "turboq.exact_window=16: the exact window needs flash attention (-fa on)" in r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("bad", ["-1", "4097", "x"])
+@pytest.mark.parametrize("bad", ["-2", "4097", "x"])
 def test_a_bad_window_is_refused_by_the_tools_and_python(Llama, tiny128, short_text, bad):
     r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "256", *window(0)[:1], bad,
                  check=False)
@@ -401,6 +401,104 @@ def test_llama_bench_reads_the_window_and_margin_aliases(tiny128):
     assert "the last 8 positions of each sequence read exact (F16 rows beside the cache, a margin of 0)" in r.stderr + r.stdout
     r = run_tool("llama-bench", *args, env={exact_window.ENV: "8", exact_window.MARGIN_ENV: "-3"}, check=False)
     assert r.returncode == 1 and "LLAMA_ARG_KV_EXACT_WINDOW_MARGIN: '-3' is not an exact window's margin" in r.stderr
+
+
+# ---- auto (--kv-exact-window auto): the window and its margin sized by the context ----
+
+def test_auto_sizes_the_window_by_the_cells_per_sequence(build_info):
+    """libllama's rule (llama_turboq_exact_window_auto): min(48, cells / 96) rows per sequence, a
+    third of them the margin (up to 16, at least 1 where cap > 1), the rest the window; none below 96 cells; a
+    margin given replaces auto's, on top of the window as sized."""
+    from pyturbo import exact_window
+
+    assert [exact_window.auto_window(c) for c in (64, 95, 96, 192, 512, 1024, 4096, 4608, 1 << 20)] == \
+        [(0, 0), (0, 0), (1, 0), (1, 1), (4, 1), (7, 3), (28, 14), (32, 16), (32, 16)]
+    assert exact_window.auto_window(512, 0) == (4, 0) and exact_window.auto_window(8192, 16) == (32, 16)
+    # a draft model's margin (python -m server gives --draft-max) must not change the window its target reads
+    assert exact_window.auto_window(512, 16) == (4, 16) and exact_window.auto_window(64, 16) == (0, 0)
+    # so its rows weigh at most 1/6 bit per value, where a window of 32 and the default margin weigh 1.5 at 512 positions
+    for cells in (96, 100, 512, 2048, 8192, 65536):
+        assert 16 * exact_window.rows_per_sequence(exact_window.AUTO, None, 0, cells) / cells <= 1 / 6
+    assert 16 * exact_window.rows_per_sequence(32, None, 0) / 512 == 1.5
+    with pytest.raises(ValueError, match="cells per sequence"):
+        exact_window.rows_per_sequence(exact_window.AUTO)
+    assert exact_window.check("auto") == exact_window.check(-1) == exact_window.AUTO
+
+
+def test_auto_is_the_window_it_logs(Llama, tiny128, short_text):
+    """--kv-exact-window auto at 512 positions keeps a window of 4 and a margin of 1, says so, and
+    gives the bits of that window given by hand; at 256 positions per sequence (two sequences
+    unified in 512 cells) a window of 1 and a margin of 1. The same through pyturbo.Llama."""
+    auto = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "512", "--chunks", "2",
+                    "-ctk", "turboq3", "-ctv", "turboq2", "-fa", "on", "-ub", "7", "--kv-exact-window", "auto",
+                    "-lv", "4")
+    log = auto.stdout + auto.stderr
+    assert "turboq.exact_window=auto: a window of 4 positions and a margin of 1 for 512 cells per sequence" in log
+    assert "the last 4 positions of each sequence read exact (F16 rows beside the cache, a margin of 1)" in log
+    by_hand = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=512, chunks=2,
+                         extra=(*window(4), "--kv-exact-window-margin", "1", "-ub", "7"))
+    none = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=512, chunks=2, extra=("-ub", "7"))
+    got = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=512, chunks=2,
+                     extra=("--kv-exact-window", "auto", "-ub", "7"))
+    assert got.ppl == by_hand.ppl and got.ppl != none.ppl
+    two = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "256", "-b", "512",
+                   "--kv-unified", "--chunks", "2", "-ctk", "turboq3", "-ctv", "turboq3", "-fa", "on",
+                   "--kv-exact-window", "auto", "-lv", "4")
+    assert "a window of 1 positions and a margin of 1 for 256 cells per sequence" in two.stdout + two.stderr
+    # Gemma's sliding-window cache (1024 cells at 2048 positions) takes its sibling's window: sized by
+    # its own cells it read 7 positions where the global layers read 14 (and doubled the KLD at 8192)
+    gemma = run_tool("llama-perplexity", "-m", str(data.default_model()), "-f", str(short_text), "-c", "2048",
+                     "--chunks", "1", "-ctk", "turboq3", "-ctv", "turboq3", "-fa", "on", "--kv-exact-window", "auto",
+                     "-lv", "4")
+    log = gemma.stdout + gemma.stderr
+    assert "creating     SWA KV cache, size = 1024 cells" in log
+    assert log.count("a window of 14 positions and a margin of 7 for 2048 cells per sequence") == 2, log
+    llm = Llama(str(tiny128), n_ctx=512, cache_type_k="turboq3", cache_type_v="turboq3", kv_exact_window="auto",
+                verbose=False)
+    assert llm.kv_exact_window == -1
+    from pyturbo import exact_window
+    assert exact_window.context_window(llm._ctx.ctx) == 4
+    del llm
+
+
+def test_auto_reaches_every_engine_and_counts_its_bytes(tiny128, capfd):
+    """python -m server's --kv-exact-window auto reaches llama-server as "auto" and the python
+    engine as the key's -1; pyturbo.memory counts auto's rows by the context's cells per sequence, on
+    Gemma's sliding-window layers too; with a draft model auto keeps a margin the drafts fit in."""
+    from pyturbo import exact_window
+    from pyturbo.memory import kv_bytes
+    from pyturbo.server import cli, python_engine
+    from pyturbo.server.llama_server import LaunchSpec
+
+    spec = LaunchSpec("m.gguf", "turboq3", "turboq3", 0, 4096, 1, "127.0.0.1", 8080, "m", kv_exact_window=exact_window.AUTO)
+    argv = spec.argv()
+    assert argv[argv.index("--kv-exact-window") + 1] == "auto"
+    args = cli.parser().parse_args(["--kv-exact-window", "auto", "--model", str(tiny128), "--draft-model", str(tiny128)])
+    cli._check(args)
+    assert args.kv_exact_window == exact_window.AUTO and args.kv_exact_window_margin == 16
+    with pytest.raises(ValueError, match="--kv-exact-window: exact window 'autox'"):
+        cli._check(cli.parser().parse_args(["--kv-exact-window", "autox"]))
+    settings = python_engine.TurboModelSettings(model=str(tiny128), n_ctx=1024, type_k=61, type_v=61, flash_attn=True,
+                                                kv_exact_window=exact_window.AUTO, verbose=True)
+    llm = python_engine._load_model(settings)
+    assert "a window of 7 positions and a margin of 3 for 1024 cells per sequence" in capfd.readouterr().err
+    del llm
+    gemma = data.default_model()
+    extra = kv_bytes(gemma, 8192, "turboq3", "turboq3", exact_window=exact_window.AUTO, exact_sink=0) - \
+        kv_bytes(gemma, 8192, "turboq3", "turboq3")
+    # 18 layers of 48 rows and the spare slot: the 15 sliding-window layers' 1024 cells take the context's window too
+    row = 1 * (256 + 256) * 2  # a position's F16 K and V: 1 KV head of 256
+    assert extra == 18 * (48 + 1) * row
+    # 4 sequences of 2048 positions, in one unified cache or a stream each: 21 rows per sequence
+    for n_stream in (1, 4):
+        extra = kv_bytes(gemma, 8192, "turboq3", "turboq3", n_seq=4, n_stream=n_stream, exact_window=exact_window.AUTO,
+                         exact_sink=0) - kv_bytes(gemma, 8192, "turboq3", "turboq3", n_seq=4, n_stream=n_stream)
+        assert extra == 18 * (4 * 21 + 1) * row, n_stream
+    # the bench's bits per layer weigh each layer's rows against its own cells
+    from pyturbo.bench.cpu import config_bpw, parse_config
+    env = parse_config("turboq3:winauto:sink0")[3]
+    assert config_bpw(2, "turboq3", "turboq3", env, 8192, 256, 256, cells=[8192, 1024]) == \
+        pytest.approx(3.125 + (16 * 48 / 8192 + 16 * 48 / 1024) / 2)
 
 
 # ---- sink rows (--kv-exact-sink S): each sequence's first S positions read exact by every query ----

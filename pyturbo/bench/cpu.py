@@ -27,7 +27,7 @@ from pathlib import Path
 from .. import data, exact_window, k_centering
 from ..tools import llama_perplexity, run_tool
 from ..layer_adaptive import layer_cache_types, needs_gains, stored_type
-from ..memory import kv_geometry, window_bytes
+from ..memory import kv_geometry, layer_cells, pad_cells, window_bytes
 from ..types import layer_cache_type, requested_cache_type
 
 QUALITY_TYPES = ["f16", "q8_0", "q4_0", "turboq8", "turboq4", "turboq3", "turboq2"]
@@ -46,7 +46,7 @@ OPTIONS = {"uncentered": {k_centering.ENV: "off"},      # K centering (and its c
 # ':tailW': the last W positions of each sequence read exact within a ubatch (the window's oracle, a
 # debug switch)
 EXACT_ROWS = {"tail": "TURBOQ_EXACT_TAIL"}
-WINDOW = re.compile(r"(\d+)(?:m(\d+))?")  # ':winW' or ':winWmM' after 'win'
+WINDOW = re.compile(r"(\d+|auto)(?:m(\d+))?")  # ':winW', ':winauto' or ':winWmM' after 'win'
 
 
 def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
@@ -72,7 +72,8 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
             env[EXACT_ROWS[opt[:4]]] = opt[4:]
         elif opt[:4] == "sink" and opt[4:].isdigit() and 0 <= int(opt[4:]) <= exact_window.max_positions():
             env[exact_window.SINK_ENV] = opt[4:]
-        elif opt[:3] == "win" and (m := WINDOW.fullmatch(opt[3:])) and 0 < int(m[1]) <= exact_window.max_positions() and \
+        elif opt[:3] == "win" and (m := WINDOW.fullmatch(opt[3:])) and \
+                (m[1] == "auto" or 0 < int(m[1]) <= exact_window.max_positions()) and \
                 (m[2] is None or int(m[2]) <= exact_window.max_positions()):
             env[exact_window.ENV] = m[1]
             if m[2] is not None:
@@ -101,7 +102,8 @@ def window_margin(env: dict[str, str]) -> int | None:
 
 
 def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int, head_dim_k: int = 128,
-               head_dim_v: int = 128, mla: bool = False, sliding: Sequence[bool] | None = None) -> float:
+               head_dim_v: int = 128, mla: bool = False, sliding: Sequence[bool] | None = None,
+               cells: Sequence[int] | None = None) -> float:
     """Bits per value of K and V together, of the types a layer of these head sizes stores (a
     turboq type's _g64 twin where the head size is a multiple of 64 but not of 128, its _g32 twin
     where it is a multiple of 32 but not of 64, its _g16 twin where it is a multiple of 16 but not of 32), averaged over
@@ -111,18 +113,23 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
     positions (a tail) count as that many of the context's ctx positions held in f16 instead of
     the type (a token is quantized as it leaves the window), as the K/V lab counts it. An exact
     window (':winW') and sink rows (':sinkS') keep their rows besides: each layer with a quantized
-    K or V holds rows_per_sequence(W, M, S) F16 rows of K and of V per sequence on top of the cache. An MLA model
+    K or V holds rows_per_sequence(W, M, S) F16 rows of K and of V per sequence on top of the cache,
+    weighed against the layer's cells (`cells`, one per layer, as pyturbo.memory.layer_cells gives
+    them; ctx for every layer if left out); an auto window (':winauto') is sized by ctx on every
+    layer, as libllama sizes a sliding-window cache's by its sibling's. An MLA model
     (mla) caches K alone, so its bits per value are K's."""
     tail = min(sum(int(env.get(var) or 0) for var in EXACT_ROWS.values()), ctx)
-    ring = 16 * exact_window.rows_per_sequence(int(env.get(exact_window.ENV) or 0), window_margin(env),
-                                               sink_rows(env, k, v, mla)) / ctx
+    w = exact_window.check(exact_window.window_setting(env.get(exact_window.ENV)) or 0)
+    sink = sink_rows(env, k, v, mla)
+    rows = exact_window.rows_per_sequence(w, window_margin(env), sink, pad_cells(ctx))
+    rings = [16 * rows / c for c in (cells or [ctx] * model_layers)]
 
     def quantized(t: str, hd: int) -> bool:
         return layer_cache_type(t, hd).bpw < 16
 
-    def bpw(t: str, hd: int = head_dim_k, window: bool = False, requested: str | None = None) -> float:
+    def bpw(t: str, hd: int = head_dim_k, ring: float = 0.0, requested: str | None = None) -> float:
         b = stored_type(t, requested or t, hd).bpw
-        return b + (16 - b) * tail / ctx + (ring if window else 0.0)
+        return b + (16 - b) * tail / ctx + ring
 
     window = quantized(k, head_dim_k) or quantized(v, head_dim_v)
     mode = int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0)
@@ -131,9 +138,10 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
     gains = [0.0] * model_layers if needs_gains(mode) else None
     layers = layer_cache_types(mode, model_layers, k, v, gains, sliding or [False] * model_layers)
     total = 0.0
-    for tk, tv in layers:
-        bk = bpw(tk, window=window, requested=k)
-        total += bk if mla else (bk + bpw(tv, head_dim_v, window, requested=v)) / 2  # MLA caches no V
+    for (tk, tv), ring in zip(layers, rings):
+        ring = ring if window else 0.0
+        bk = bpw(tk, ring=ring, requested=k)
+        total += bk if mla else (bk + bpw(tv, head_dim_v, ring, requested=v)) / 2  # MLA caches no V
     return total / model_layers
 
 
@@ -162,12 +170,15 @@ def quality(args: argparse.Namespace) -> None:
             label, k, v, env = parse_config(c)
             r = llama_perplexity(model, text, k, v, ctx=args.ctx, batch=batch, chunks=chunks, threads=args.threads,
                                  kld_base=base, write_base=(c == "f16"), env=env, timeout=6 * 3600, extra=ubatch)
-            w = int(env.get(exact_window.ENV) or 0)
+            w = exact_window.check(exact_window.window_setting(env.get(exact_window.ENV)) or 0)
             sink = sink_rows(env, k, v, geo.mla)
             mode = int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0)
-            ring_mib = window_bytes(model, k, v, mode, 1, w, window_margin(env), sink) / 2 ** 20 if w or sink else 0.0
+            # one sequence of --ctx positions (an auto window's size), its sliding-window layers as llama-perplexity keeps them
+            cells = layer_cells(geo, args.ctx, 1, int(ubatch[1]) if ubatch else 512)
+            ring_mib = window_bytes(model, k, v, mode, 1, w, window_margin(env), sink, pad_cells(args.ctx)) / 2 ** 20 \
+                if w or sink else 0.0
             rows.append((label, config_bpw(geo.n_layer, k, v, env, args.ctx, geo.head_dim_k, geo.head_dim_v, geo.mla,
-                                            geo.sliding()),
+                                            geo.sliding(), cells),
                          r.kv_mib + ring_mib, r))
             tqdm.write(f"# {label}: PPL {r.ppl:.4f} KLD {r.kld} median {r.kld_median} p99.9 {r.kld_p999} "
                        f"KV {r.kv_mib:.2f} MiB", file=sys.stderr)
@@ -176,7 +187,7 @@ def quality(args: argparse.Namespace) -> None:
     print(f"\n{model.name}, {text.name}, c={args.ctx} (-b {batch}), {chunks} chunk(s) (the second half of each "
           "scored), -fa on; KLD against the f16 cache; K/V, ':N' = LLAMA_ARG_LAYER_ADAPTIVE=N, ':uncentered' = "
           "--kv-k-center off, ':unscaled'/':scaled' = --kv-k-scale off/on (else auto), ':winW' = --kv-exact-window W (KV MiB with its "
-          "F16 rows), ':winWmM' = with --kv-exact-window-margin M, ':sinkS' = --kv-exact-sink S (KV MiB with its "
+          "F16 rows; ':winauto': auto), ':winWmM' = with --kv-exact-window-margin M, ':sinkS' = --kv-exact-sink S (KV MiB with its "
           "F16 rows; without it a turboq cache keeps auto's one, ':sink0' none)" +
           (f", ':tailW' = TURBOQ_EXACT_TAIL=W (-ub {batch}; KV MiB without "
            "those f16 rows, bpw per layer with them)" if ubatch else "") + ". bpw in memory: 16 x the KV bytes over "
@@ -315,7 +326,7 @@ def add_parsers(sub) -> None:
     q.add_argument("--plot", help="PNG of KLD against bits per value with the Pareto front (default: "
                                   "bench-out/quality-MODEL-TEXT-cCTX.png; 'none': no plot)")
     q.add_argument("--types", nargs="+", default=QUALITY_TYPES,
-                   help="'t', 'k/v', plus ':N' (LLAMA_ARG_LAYER_ADAPTIVE), ':uncentered', ':unscaled', ':scaled', ':onerow', ':winW' or ':winWmM' (margin M), ':tailW' or ':sinkS'")
+                   help="'t', 'k/v', plus ':N' (LLAMA_ARG_LAYER_ADAPTIVE), ':uncentered', ':unscaled', ':scaled', ':onerow', ':winW', ':winauto' or ':winWmM' (margin M), ':tailW' or ':sinkS'")
     q.set_defaults(func=quality)
     s = sub.add_parser("speed", help="llama-bench prompt and generation speed vs f16, interleaved rounds, and "
                                      "decode beside its read-bandwidth bound")

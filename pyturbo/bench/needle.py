@@ -103,7 +103,7 @@ def open_llama(model, config: str, ctx: int, threads: int):
     from ..llama import Llama, scoped_env
     _, k, v, env = parse_config(config)
     la = int(env.pop("LLAMA_ARG_LAYER_ADAPTIVE", 0) or 0)
-    window = int(env.pop(exact_window.ENV, 0) or 0)
+    window = exact_window.check(exact_window.window_setting(env.pop(exact_window.ENV, None)) or 0)  # -1: auto
     margin = env.pop(exact_window.MARGIN_ENV, None)
     sink = exact_window.sink_setting(env.pop(exact_window.SINK_ENV, None))  # None: the model's, else auto
     center = env.pop(k_centering.ENV, None)
@@ -223,5 +223,5 @@ def add_parsers(sub) -> None:
     n.add_argument("--trials", type=int, default=2)
     n.add_argument("--threads", type=int, default=2)
     n.add_argument("--types", nargs="+", default=NEEDLE_TYPES,
-                   help="'t' or 'k/v', plus ':N' (layer mode), ':winW' (exact window), ':winWmM' (and its margin), ':unscaled', ':scaled', ':uncentered'")
+                   help="'t' or 'k/v', plus ':N' (layer mode), ':winW' (exact window; ':winauto' sized by the context), ':winWmM' (and its margin), ':unscaled', ':scaled', ':uncentered'")
     n.set_defaults(func=needle)

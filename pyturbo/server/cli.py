@@ -38,14 +38,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--layer-adaptive", type=layer_adaptive.parse_mode, default=0, metavar="MODE",
                     help="layer-adaptive mode, its number or name (4 or k4-global): per-layer K/V types "
                          "(see docs/usage.md; default 0 = off)")
-    ap.add_argument("--kv-exact-window", type=int, default=0, metavar="W",
+    ap.add_argument("--kv-exact-window", type=exact_window.window_setting, default=0, metavar="W|auto",
                     help="quantized caches: each sequence's last W positions read exact, from F16 rows kept beside "
-                         "the cache (CPU; see docs/usage.md; default 0 = off)")
+                         "the cache; auto sizes the window and its margin by --n-ctx, up to 32 and 16, so that "
+                         "their rows cost at most 1/6 bit per value of its cells (see docs/usage.md; default 0 = off)")
     ap.add_argument("--kv-exact-window-margin", type=int, default=None, metavar="M",
                     help="with --kv-exact-window: positions kept exact beyond the window, so that it stays whole "
                          "after the last M are removed again (a reused prompt, speculative drafts); 0 saves "
                          "their memory, and a prompt reused short of its end is then processed again "
-                         "(default: the model's, else 16)")
+                         "(default: the model's, else 16; beside --kv-exact-window auto, auto's own, or --draft-max with "
+                         "a draft model)")
     ap.add_argument("--kv-exact-sink", type=exact_window.sink_setting, default=None, metavar="S|auto",
                     help="quantized caches: each sequence's first S positions (the attention sink) read exact by "
                          "every query, from F16 rows kept beside the cache, with or without --kv-exact-window "
@@ -93,7 +95,7 @@ def _check(args: argparse.Namespace) -> None:
     args.cache_type_v = requested_cache_type(args.cache_type_v).name
     layer_adaptive.check_mode(args.layer_adaptive)
     try:
-        exact_window.check(args.kv_exact_window)
+        args.kv_exact_window = exact_window.check(args.kv_exact_window)
     except ValueError as e:
         raise ValueError(f"--kv-exact-window: {e}") from None
     if args.kv_exact_window_margin is not None:
@@ -135,6 +137,10 @@ def _check(args: argparse.Namespace) -> None:
             # next tokens would read some of the window's positions as stored, and the text would change
             raise ValueError(f"--kv-exact-window-margin {margin} with a draft model: give --draft-max at most {margin} "
                              f"(a rollback of rejected drafts must stay within the margin)")
+        if args.kv_exact_window == exact_window.AUTO and margin is None:
+            # auto's own margin may be shorter than such a rollback: the drafts' most, else the
+            # window's default margin, which covers llama-server's default
+            args.kv_exact_window_margin = args.draft_max or 16
     if args.engine != "llama-server":
         for flag, value in (("--draft-model", args.draft_model), ("--embeddings", args.embeddings)):
             if value is not None:

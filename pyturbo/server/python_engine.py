@@ -29,7 +29,7 @@ from .chat_template import Fallback
 
 class TurboModelSettings(ModelSettings):
     layer_adaptive: int = 0
-    kv_exact_window: int = 0
+    kv_exact_window: int = 0  # -1: auto
     kv_exact_window_margin: int | None = None
     kv_exact_sink: int | None = None  # None: the model's, else auto; -1: auto
     k_center: bool | None = None
@@ -120,7 +120,7 @@ def _prompt_texts(path: str, payload: dict) -> tuple[list[str], int]:
 def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", layer_adaptive: int = 0,
               n_ctx: int = 4096, n_threads: int | None = None, alias: str | None = None,
               host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-              chat_fallback: Fallback | None = None, verbose: bool = True, kv_exact_window: int = 0,
+              chat_fallback: Fallback | None = None, verbose: bool = True, kv_exact_window: int | str = 0,
               kv_exact_window_margin: int | None = None, k_center: bool | None = None, kv_exact_sink: int | str | None = None,
               k_scale: str | None = None):
     tk, tv = requested_cache_type(cache_type_k), requested_cache_type(cache_type_v)
