@@ -25,8 +25,8 @@ from pyturbo.bench.bandwidth import PROBE_MIB, read_gbps, token_bytes
 from pyturbo.bench.cpu import parse_config
 
 # a configuration's settings (bench.cpu.parse_config's environment) as pyturbo.Llama's arguments
-SETTINGS = {"LLAMA_ARG_LAYER_ADAPTIVE": ("layer_adaptive", int), exact_window.ENV: ("kv_exact_window", exact_window.window_setting),
-            exact_window.MARGIN_ENV: ("kv_exact_window_margin", int), exact_window.SINK_ENV: ("kv_exact_sink", int),
+SETTINGS = {"LLAMA_ARG_LAYER_ADAPTIVE": ("layer_adaptive", int), exact_window.ENV: ("kv_exact_window", exact_window.setting),
+            exact_window.MARGIN_ENV: ("kv_exact_window_margin", int), exact_window.SINK_ENV: ("kv_exact_sink", exact_window.setting),
             k_centering.ENV: ("k_center", lambda s: s == "on"), k_centering.SCALE_ENV: ("k_scale", str)}
 
 

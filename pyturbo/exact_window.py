@@ -77,16 +77,21 @@ def sink_auto(type_k: str, type_v: str) -> int:
     return int(fn(requested_cache_type(type_k).ggml_id, requested_cache_type(type_v).ggml_id))
 
 
-def sink_setting(text: str | None) -> int | str | None:
-    """The text of --kv-exact-sink or LLAMA_ARG_KV_EXACT_SINK as a setting: None when unset,
-    SINK_AUTO for "auto", else its number (text that is none comes back as it is, for check_sink's
-    error)."""
+def setting(text: str | None) -> int | str | None:
+    """The text of --kv-exact-window or --kv-exact-sink (or their aliases, LLAMA_ARG_KV_EXACT_WINDOW
+    and LLAMA_ARG_KV_EXACT_SINK) as a setting: None when unset, -1 (AUTO, SINK_AUTO) for "auto",
+    else its number (text that is none comes back as it is, for check's and check_sink's errors)."""
     if text is None or text == "auto":
-        return None if text is None else SINK_AUTO
+        return None if text is None else AUTO
     try:
         return int(text)
     except ValueError:
         return text
+
+
+def env_window(env: dict[str, str]) -> int:
+    """The window that a configuration's environment sets (ENV): 0 when unset, AUTO for "auto"."""
+    return check(setting(env.get(ENV)) or 0)
 
 
 def sink_count(sink: int | str | None, type_k: str, type_v: str) -> int:
@@ -94,17 +99,6 @@ def sink_count(sink: int | str | None, type_k: str, type_v: str) -> int:
     cache of these types on the CPU."""
     s = check_sink(SINK_AUTO if sink is None else sink)
     return sink_auto(type_k, type_v) if s == SINK_AUTO else s
-
-
-def window_setting(text: str | None) -> int | str | None:
-    """The text of --kv-exact-window or LLAMA_ARG_KV_EXACT_WINDOW as a setting: None when unset,
-    AUTO for "auto", else its number (text that is none comes back as it is, for check's error)."""
-    if text is None or text == "auto":
-        return None if text is None else AUTO
-    try:
-        return int(text)
-    except ValueError:
-        return text
 
 
 def auto_window(cells: int, margin: int | None = None) -> tuple[int, int]:

@@ -49,10 +49,10 @@ def token_bytes(model: str | Path, k: str, v: str, env: dict[str, str], cells: i
     an exact window and sink rows their F16 rows; a mode that picks layers by K gain is taken at
     its upper bound). env: a configuration's environment (bench.cpu.parse_config)."""
     margin = env.get(exact_window.MARGIN_ENV)
-    sink = exact_window.sink_setting(env.get(exact_window.SINK_ENV))  # unset: llama.cpp's default, auto
+    sink = exact_window.setting(env.get(exact_window.SINK_ENV))  # unset: llama.cpp's default, auto
     kv = kv_bytes(model, cells, k, v, int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0), upper_bound=True,
                   # auto sized by these cells, where libllama sizes it by the cells allocated: a few rows apart
-                  exact_window=exact_window.check(exact_window.window_setting(env.get(exact_window.ENV)) or 0),
+                  exact_window=exact_window.env_window(env),
                   exact_window_margin=int(margin) if margin is not None else None,
                   exact_sink=exact_window.SINK_AUTO if sink is None else sink)
     return Path(model).stat().st_size + kv

@@ -88,7 +88,7 @@ def sink_rows(env: dict[str, str], k: str, v: str, mla: bool = False) -> int:
     """The sink rows per sequence that a configuration's environment keeps: LLAMA_ARG_KV_EXACT_SINK,
     else auto's (one beside a turboq cache; none on an MLA model, which keeps no exact rows, or
     with a tail)."""
-    s = exact_window.sink_setting(env.get(exact_window.SINK_ENV))
+    s = exact_window.setting(env.get(exact_window.SINK_ENV))
     if s is None or s == exact_window.SINK_AUTO:
         # none on an MLA model or beside the debug tail, which auto leaves alone (patch 45)
         return 0 if mla or int(env.get(EXACT_ROWS["tail"]) or 0) > 0 else exact_window.sink_count(None, k, v)
@@ -119,7 +119,7 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
     layer, as libllama sizes a sliding-window cache's by its sibling's. An MLA model
     (mla) caches K alone, so its bits per value are K's."""
     tail = min(sum(int(env.get(var) or 0) for var in EXACT_ROWS.values()), ctx)
-    w = exact_window.check(exact_window.window_setting(env.get(exact_window.ENV)) or 0)
+    w = exact_window.env_window(env)
     sink = sink_rows(env, k, v, mla)
     rows = exact_window.rows_per_sequence(w, window_margin(env), sink, pad_cells(ctx))
     rings = [16 * rows / c for c in (cells or [ctx] * model_layers)]
@@ -170,7 +170,7 @@ def quality(args: argparse.Namespace) -> None:
             label, k, v, env = parse_config(c)
             r = llama_perplexity(model, text, k, v, ctx=args.ctx, batch=batch, chunks=chunks, threads=args.threads,
                                  kld_base=base, write_base=(c == "f16"), env=env, timeout=6 * 3600, extra=ubatch)
-            w = exact_window.check(exact_window.window_setting(env.get(exact_window.ENV)) or 0)
+            w = exact_window.env_window(env)
             sink = sink_rows(env, k, v, geo.mla)
             mode = int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0)
             # one sequence of --ctx positions (an auto window's size), its sliding-window layers as llama-perplexity keeps them

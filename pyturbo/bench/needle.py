@@ -103,9 +103,10 @@ def open_llama(model, config: str, ctx: int, threads: int):
     from ..llama import Llama, scoped_env
     _, k, v, env = parse_config(config)
     la = int(env.pop("LLAMA_ARG_LAYER_ADAPTIVE", 0) or 0)
-    window = exact_window.check(exact_window.window_setting(env.pop(exact_window.ENV, None)) or 0)  # -1: auto
+    window = exact_window.env_window(env)  # -1: auto
+    env.pop(exact_window.ENV, None)
     margin = env.pop(exact_window.MARGIN_ENV, None)
-    sink = exact_window.sink_setting(env.pop(exact_window.SINK_ENV, None))  # None: the model's, else auto
+    sink = exact_window.setting(env.pop(exact_window.SINK_ENV, None))  # None: the model's, else auto
     center = env.pop(k_centering.ENV, None)
     scale = env.pop(k_centering.SCALE_ENV, None)
     with scoped_env(env):

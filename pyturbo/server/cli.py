@@ -38,7 +38,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--layer-adaptive", type=layer_adaptive.parse_mode, default=0, metavar="MODE",
                     help="layer-adaptive mode, its number or name (4 or k4-global): per-layer K/V types "
                          "(see docs/usage.md; default 0 = off)")
-    ap.add_argument("--kv-exact-window", type=exact_window.window_setting, default=0, metavar="W|auto",
+    ap.add_argument("--kv-exact-window", type=exact_window.setting, default=0, metavar="W|auto",
                     help="quantized caches: each sequence's last W positions read exact, from F16 rows kept beside "
                          "the cache; auto sizes the window and its margin by --n-ctx, up to 32 and 16, so that "
                          "their rows cost at most 1/6 bit per value of its cells (see docs/usage.md; default 0 = off)")
@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
                          "their memory, and a prompt reused short of its end is then processed again "
                          "(default: the model's, else 16; beside --kv-exact-window auto, auto's own, or --draft-max with "
                          "a draft model)")
-    ap.add_argument("--kv-exact-sink", type=exact_window.sink_setting, default=None, metavar="S|auto",
+    ap.add_argument("--kv-exact-sink", type=exact_window.setting, default=None, metavar="S|auto",
                     help="quantized caches: each sequence's first S positions (the attention sink) read exact by "
                          "every query, from F16 rows kept beside the cache, with or without --kv-exact-window "
                          "(see docs/usage.md; default: the model's, else auto = 1 beside a turboq cache, 0 = none)")
