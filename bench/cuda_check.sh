@@ -25,7 +25,8 @@
 #   BUDGET_S              total seconds (default 570): benches that would overrun are skipped
 #   BENCH_DEPTHS          default 0,8192,32768;  BENCH_REPS default 2
 #   BENCH_CONFIGS         K/V configurations, each TYPE or K/V, then :MODE (LLAMA_ARG_LAYER_ADAPTIVE) and/or
-#                         :wW (an exact window of W, LLAMA_ARG_KV_EXACT_WINDOW, read beside a turboq
+#                         :wW (an exact window of W, LLAMA_ARG_KV_EXACT_WINDOW, :w0 none, else libllama's default:
+#                         auto's beside a turboq cache; read beside a turboq
 #                         cache: the packed kernel in decode, the F16 conversion in prefill), default "f16 turboq3 turboq3:4:w32 turboq3:4 q4_0 q8_0
 #                         turboq3:w32 turboq3/turboq4:3 q8_0/turboq3 turboq4" (turboq3:4:w32 is the
 #                         recommended configuration; on a model without sliding-window layers mode 4 is a turboq4 K
@@ -240,7 +241,7 @@ for m in "${MODELS[@]}"; do
     base=$(basename "$m" .gguf)
     for cfg in ${BENCH_CONFIGS:-f16 turboq3 turboq3:4:w32 turboq3:4 q4_0 q8_0 turboq3:w32 turboq3/turboq4:3 q8_0/turboq3 turboq4}; do
         IFS=: read -r kv rest <<< "$cfg"
-        mode=0; win=0
+        mode=0; win=""  # unset: libllama's default window (auto's beside a turboq cache); :w0 for none
         for f in ${rest//:/ }; do
             case $f in w*) win=${f#w} ;; *) mode=$f ;; esac
         done
@@ -250,8 +251,8 @@ for m in "${MODELS[@]}"; do
             say "SKIP llama-bench $base $cfg: time budget spent ($(elapsed) s)"
             continue
         fi
-        log="$OUT/bench-$base-${ctk}-${ctv}-m${mode}-w${win}"
-        LLAMA_ARG_KV_EXACT_WINDOW=$win LLAMA_ARG_LAYER_ADAPTIVE=$mode timeout "$budget" "$BIN/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 64 -d "$DEPTHS" -r "$REPS" \
+        log="$OUT/bench-$base-${ctk}-${ctv}-m${mode}${win:+-w$win}"
+        env ${win:+LLAMA_ARG_KV_EXACT_WINDOW=$win} LLAMA_ARG_LAYER_ADAPTIVE=$mode timeout "$budget" "$BIN/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 64 -d "$DEPTHS" -r "$REPS" \
             -ctk "$ctk" -ctv "$ctv" -o jsonl > "$log.jsonl" 2> "$log.log"
         rc=$?
         if [ "$rc" = 0 ]; then

@@ -101,7 +101,7 @@ def creating_context(*, verbose: bool = True) -> Iterator[None]:
 class Llama(llama_cpp.Llama):
     """llama_cpp.Llama with `cache_type_k`, `cache_type_v` (names), `layer_adaptive` (a mode's number or name),
     `kv_exact_window` (each sequence's last W positions read exact, or "auto": sized by the context;
-    pyturbo.exact_window),
+    default: auto beside a turboq cache, 0 for none; pyturbo.exact_window),
     `kv_exact_window_margin` (positions kept beyond it for rollbacks; default 16, auto's beside "auto"), `kv_exact_sink`
     (each sequence's first S positions read exact by every query; default "auto": one row beside a
     turboq cache, 0 for none), `k_center`
@@ -151,7 +151,10 @@ class Llama(llama_cpp.Llama):
         if k_scale is not None:
             kwargs["kv_overrides"] = {**(kwargs.get("kv_overrides") or {}), **_kc.scale_override(k_scale)}
         overrides = kwargs.get("kv_overrides") or {}
-        self.kv_exact_window = _ew.check(kv_exact_window) if kv_exact_window else int(overrides.get(_ew.key(), 0))
+        # the setting: a count, AUTO, or None where neither it nor an override gives one (libllama's
+        # default, auto beside a turboq cache; the window as sized: exact_window.context_window)
+        self.kv_exact_window = _ew.check(kv_exact_window) if kv_exact_window is not None else \
+            (int(overrides[_ew.key()]) if _ew.key() in overrides else None)
         self.kv_exact_sink = sink if sink is not None else int(overrides.get(_ew.sink_key(), _ew.SINK_AUTO))
         verbose = kwargs.get("verbose", True)
         with creating_context(verbose=verbose):

@@ -71,7 +71,7 @@ def pad_cells(n: int) -> int:
 
 def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16",
              layer_adaptive: int = 0, n_seq: int = 1, n_ubatch: int = 512, swa_full: bool = False,
-             n_stream: int = 1, upper_bound: bool = False, exact_window: int = 0,
+             n_stream: int = 1, upper_bound: bool = False, exact_window: int | str | None = 0,
              exact_window_margin: int | None = None, exact_sink: int | str = 0) -> int:
     """Bytes of K and V that llama.cpp allocates for this model and context.
 
@@ -84,7 +84,8 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     most cells, so the result is at least what llama.cpp allocates. Without it those modes
     raise ValueError.
     exact_window: W of --kv-exact-window (exact_window.AUTO: auto's, sized by the context's cells
-    per sequence, on every layer); each layer with a quantized K or V then also holds F16
+    per sequence, on every layer; None: llama.cpp's default when the setting is not given, auto's
+    beside a turboq cache, exact_window.window_default); each layer with a quantized K or V then also holds F16
     rows of K and V, rows_per_sequence(W, exact_window_margin) per sequence plus one, whatever the
     streams (exact_window_margin: --kv-exact-window-margin; None: the default); exact_sink: S of
     --kv-exact-sink, S more such rows per sequence; "auto" (or -1: llama.cpp's default when the
@@ -95,6 +96,8 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     sink = _ew.check_sink(exact_sink)  # _ew: kv_bytes' argument exact_window shadows the module's name
     if sink == _ew.SINK_AUTO:
         sink = 0 if kv_geometry(model).mla else _ew.sink_count(sink, cache_type_k, cache_type_v)
+    if exact_window is None:
+        exact_window = 0 if kv_geometry(model).mla else _ew.window_default(cache_type_k, cache_type_v)
     if exact_window or sink:
         # an auto window is sized by the context's cells per sequence (a stream's cells x streams / sequences),
         # on the sliding-window layers too

@@ -144,7 +144,8 @@ def test_layer_mode_and_batch_size_do_not_change_the_mean(Llama):
     assert len(moded) == 16 and all(m in base for m in moded)
 
 
-@pytest.mark.parametrize("k,v,window", [("f16", "f16", 0), ("turboq3", "turboq3", 0), ("turboq3", "turboq4", 32)])
+@pytest.mark.parametrize("k,v,window", [("f16", "f16", 0), ("turboq3", "turboq3", 0), ("turboq3", "turboq4", 32),
+                                         ("turboq3", "turboq2", None)])  # None: the default window (auto's)
 def test_decode_gives_the_same_logits_on_any_number_of_threads(Llama, tiny128, k, v, window):
     """The CPU backend runs a graph on fewer threads than asked while the machine does not give
     them cores (patch 3), so no step may depend on the thread count. Both flash-attention decode
@@ -155,7 +156,7 @@ def test_decode_gives_the_same_logits_on_any_number_of_threads(Llama, tiny128, k
     seen = []
     for n_threads in (1, 2, 3):
         llm = Llama(str(tiny128), n_ctx=1024, n_batch=512, n_threads=n_threads, n_threads_batch=n_threads,
-                    cache_type_k=k, cache_type_v=v, kv_exact_window=window or None, flash_attn=True,
+                    cache_type_k=k, cache_type_v=v, kv_exact_window=window, flash_attn=True,
                     verbose=False, seed=1)
         llm.eval(prompt)
         steps = [last_logits(llm)]

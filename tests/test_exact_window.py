@@ -23,7 +23,7 @@ def test_one_ubatch_reads_what_the_debug_tail_reads(build_info, short_text, tmp_
     gemma = data.default_model()
     base = tmp_path / "f16.kld"
     perplexity(gemma, short_text, "f16", "f16", ctx=256, chunks=3, kld_base=base, write_base=True)
-    plain = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=3, kld_base=base)
+    plain = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=3, kld_base=base, extra=window(0))
     tail = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=3, kld_base=base, env={"TURBOQ_EXACT_TAIL": "16"})
     # the tail has no sink row (auto keeps none beside it): neither has the window here
     win = perplexity(gemma, short_text, "turboq3", "turboq3", ctx=256, chunks=3, kld_base=base, extra=(*window(16), *sink(0)))
@@ -55,7 +55,7 @@ def test_the_window_crosses_ubatches(tiny128, short_text, type_k, type_v, ubatch
     one = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=(*window(16), *sink(0)))
     split = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3,
                        extra=(*window(16), *sink(0), "-ub", ubatch))
-    plain = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=(*sink(0), "-ub", ubatch))
+    plain = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=(*window(0), *sink(0), "-ub", ubatch))
     assert split.ppl == pytest.approx(one.ppl, rel=1e-6)
     assert abs(plain.ppl - one.ppl) > 1e-3 * one.ppl
 
@@ -71,7 +71,7 @@ def test_packed_decode_steps_read_the_window(lib, tiny128, short_text):
     one = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*window(16), *sink(0)))
     split = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3,
                        extra=(*window(16), *sink(0), "-ub", "1"))
-    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*sink(0), "-ub", "1"))
+    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=256, chunks=3, extra=(*window(0), *sink(0), "-ub", "1"))
     assert split.ppl == pytest.approx(one.ppl, rel=1.5e-3)
     assert abs(split.ppl - one.ppl) > 1e-5 * one.ppl, "the packed path did not run"
     assert abs(plain.ppl - one.ppl) > 2.5e-3 * one.ppl
@@ -130,7 +130,7 @@ def test_the_copy_reads_what_the_rows_beside_read(tiny128, short_text, tmp_path)
     run = dict(ctx=256, chunks=3, kld_base=base)
     perplexity(tiny128, short_text, "turboq3", "turboq2", write_base=True, extra=(*window(16), "-ub", "64"), **run)
     copy = perplexity(tiny128, short_text, "turboq3", "turboq2", env=COPY, extra=(*window(16), "-ub", "64"), **run)
-    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", extra=("-ub", "64"), **run)
+    plain = perplexity(tiny128, short_text, "turboq3", "turboq2", extra=(*window(0), "-ub", "64"), **run)
     assert copy.kld is not None and copy.kld_p999 is not None and plain.kld is not None
     assert copy.kld_p999 < 1e-4 and copy.kld < 1e-5
     assert plain.kld > 50 * max(copy.kld, 1e-6)
@@ -353,8 +353,8 @@ def test_the_server_keeps_a_margin_that_drafts_fit(build_info):
     gemma = str(data.default_model())
     r = run("--kv-exact-window", "16", "--kv-exact-window-margin", "2", "--draft-model", gemma)
     assert r.returncode != 0 and "give --draft-max at most 2" in r.stderr
-    r = run("--kv-exact-window-margin", "2")
-    assert r.returncode != 0 and "--kv-exact-window-margin needs --kv-exact-window" in r.stderr
+    r = run("--kv-exact-window", "0", "--kv-exact-window-margin", "2")
+    assert r.returncode != 0 and "--kv-exact-window-margin needs a window (--kv-exact-window 0 keeps none)" in r.stderr
 
 
 def test_a_state_saved_with_another_margin_is_refused(Llama, tiny128):
@@ -437,10 +437,16 @@ def test_auto_is_the_window_it_logs(Llama, tiny128, short_text):
     assert "the last 4 positions of each sequence read exact (F16 rows beside the cache, a margin of 1)" in log
     by_hand = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=512, chunks=2,
                          extra=(*window(4), "--kv-exact-window-margin", "1", "-ub", "7"))
-    none = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=512, chunks=2, extra=("-ub", "7"))
+    none = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=512, chunks=2, extra=(*window(0), "-ub", "7"))
     got = perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=512, chunks=2,
                      extra=("--kv-exact-window", "auto", "-ub", "7"))
     assert got.ppl == by_hand.ppl and got.ppl != none.ppl
+    # unset, the window is auto's beside a turboq cache, and says so
+    default = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "512", "--chunks", "2",
+                       "-ctk", "turboq3", "-ctv", "turboq2", "-fa", "on", "-ub", "7", "-lv", "4")
+    assert "turboq.exact_window=auto (unset: the default beside a turboq cache; --kv-exact-window 0 keeps none): " \
+           "a window of 4 positions and a margin of 1 for 512 cells per sequence" in default.stdout + default.stderr
+    assert perplexity(tiny128, short_text, "turboq3", "turboq2", ctx=512, chunks=2, extra=("-ub", "7")).ppl == got.ppl
     two = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "256", "-b", "512",
                    "--kv-unified", "--chunks", "2", "-ctk", "turboq3", "-ctv", "turboq3", "-fa", "on",
                    "--kv-exact-window", "auto", "-lv", "4")
@@ -501,6 +507,59 @@ def test_auto_reaches_every_engine_and_counts_its_bytes(tiny128, capfd):
         pytest.approx(3.125 + (16 * 48 / 8192 + 16 * 48 / 1024) / 2)
 
 
+def test_the_window_is_auto_by_default_beside_a_turboq_cache(Llama, tiny128, short_text, capfd):
+    """Unset, the window is auto's wherever the default sink row is kept (beside a turboq K or V),
+    none beside other caches or beside the debug tail; every engine and byte count says the same,
+    and a draft model gives it a margin of the longest draft, at least 16 (llama-server's
+    --spec-draft-n-max, python -m server's --draft-max)."""
+    from pyturbo import exact_window
+    from pyturbo.bench.cpu import config_bpw, parse_config
+    from pyturbo.memory import kv_bytes
+    from pyturbo.server import cli
+    from pyturbo.server.llama_server import LaunchSpec
+
+    def logged(type_k, type_v, *extra, env=None):
+        r = run_tool("llama-perplexity", "-m", str(tiny128), "-f", str(short_text), "-c", "512", "--chunks", "1",
+                     "-ctk", type_k, "-ctv", type_v, "-fa", "on", "-lv", "4", *extra, env=env)
+        return r.stdout + r.stderr
+
+    assert "the last 4 positions of each sequence read exact" in logged("q8_0", "turboq3")
+    for log in (logged("q8_0", "q8_0"), logged("turboq3", "turboq3", *window(0)),
+                logged("turboq3", "turboq3", env={"TURBOQ_EXACT_TAIL": "8"})):
+        assert "exact window:" not in log and "exact_window=auto" not in log, log[-2000:]
+    assert exact_window.window_default("turboq3", "q8_0") == exact_window.AUTO
+    assert exact_window.window_default("q8_0", "q4_0") == 0
+    llm = Llama(str(tiny128), n_ctx=512, cache_type_k="turboq3", cache_type_v="turboq3", verbose=False)
+    assert llm.kv_exact_window is None and exact_window.context_window(llm._ctx.ctx) == 4
+    del llm
+    gemma = data.default_model()
+    assert kv_bytes(gemma, 8192, "turboq3", "turboq3", exact_window=None) == \
+        kv_bytes(gemma, 8192, "turboq3", "turboq3", exact_window=exact_window.AUTO)
+    assert kv_bytes(gemma, 8192, "q8_0", "q8_0", exact_window=None) == kv_bytes(gemma, 8192, "q8_0", "q8_0")
+    assert config_bpw(18, "turboq3", "turboq3", parse_config("turboq3")[3], 8192) == \
+        config_bpw(18, "turboq3", "turboq3", parse_config("turboq3:winauto")[3], 8192) > \
+        config_bpw(18, "turboq3", "turboq3", parse_config("turboq3:win0")[3], 8192)
+    # python -m server passes the window only when given (0 too), and keeps a margin that drafts fit
+    spec = LaunchSpec("m.gguf", "turboq3", "turboq3", 0, 4096, 1, "127.0.0.1", 8080, "m")
+    assert "--kv-exact-window" not in spec.argv()
+    spec.kv_exact_window = 0
+    assert spec.argv()[spec.argv().index("--kv-exact-window") + 1] == "0"
+    for draft_max, margin in (("5", 16), ("24", 24)):
+        args = cli.parser().parse_args(["--model", str(tiny128), "--draft-model", str(tiny128), "--draft-max", draft_max])
+        cli._check(args)
+        assert args.kv_exact_window is None and args.kv_exact_window_margin == margin
+    # llama-server with a draft model: common gives the window a margin of --spec-draft-n-max (at least 16)
+    port = free_port()
+    proc = start([str(binary("llama-server")), "-m", str(tiny128), "-md", str(tiny128), "-c", "1024",
+                  "-ctk", "turboq3", "-ctv", "turboq3", "-fa", "on", "--spec-draft-n-max", "20", "-np", "1",
+                  "--port", str(port), "-lv", "4"])
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+    finally:
+        log = stop(proc)
+    assert "a window of 7 positions and a margin of 20 for 1024 cells per sequence" in log, log[-3000:]
+
+
 # ---- sink rows (--kv-exact-sink S): each sequence's first S positions read exact by every query ----
 
 def sink(s: int) -> tuple[str, ...]:
@@ -520,7 +579,7 @@ def test_sink_rows_cross_ubatches(tiny128, short_text, type_k, type_v, ubatch):
         one = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=extra)
         split = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=(*extra, "-ub", ubatch))
         assert split.ppl == pytest.approx(one.ppl, rel=2e-5), extra
-    plain = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=(*sink(0), "-ub", ubatch))
+    plain = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=(*window(0), *sink(0), "-ub", ubatch))
     alone = perplexity(tiny128, short_text, type_k, type_v, ctx=256, chunks=3, extra=sink(4))
     assert abs(plain.ppl - alone.ppl) > 1e-4 * alone.ppl, (plain.ppl, alone.ppl)
 
@@ -553,6 +612,7 @@ def test_sink_rows_keep_decode_state_and_sequences_right(Llama, tiny128, short_t
     can_continue.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
 
     def make(s, types=("turboq3", "turboq2"), **kw):
+        kw.setdefault("kv_exact_window", 0)  # sink rows alone (a turboq cache keeps a window by default)
         return Llama(str(tiny128), cache_type_k=types[0], cache_type_v=types[1], n_ctx=256, n_batch=256,
                      flash_attn=True, verbose=False, logits_all=True, **({"kv_exact_sink": s} if s is not None else {}),
                      **kw)
@@ -642,9 +702,10 @@ def test_sink_rows_reach_every_engine_and_count_their_bytes(tiny128, capfd):
     assert exact_window.rows_per_sequence(16, None, 1) == 33
     env = parse_config("turboq3:sink1")[3]
     assert env == {exact_window.SINK_ENV: "1"}
-    assert config_bpw(18, "turboq3", "turboq3", env, 512) == pytest.approx(3.125 + 16 * 1 / 512)
-    assert config_bpw(18, "turboq3", "turboq3", {}, 512) == pytest.approx(3.125 + 16 * 1 / 512)  # auto's row
-    assert config_bpw(18, "turboq3", "turboq3", parse_config("turboq3:sink0")[3], 512) == pytest.approx(3.125)
+    assert config_bpw(18, "turboq3", "turboq3", {**env, exact_window.ENV: "0"}, 512) == pytest.approx(3.125 + 16 * 1 / 512)
+    # auto's row, beside the default window (auto's 4 and a margin of 1 at 512 cells)
+    assert config_bpw(18, "turboq3", "turboq3", {}, 512) == pytest.approx(3.125 + 16 * (1 + 4 + 1) / 512)
+    assert config_bpw(18, "turboq3", "turboq3", parse_config("turboq3:sink0:win0")[3], 512) == pytest.approx(3.125)
     assert config_bpw(18, "q8_0", "q8_0", {}, 512) == pytest.approx(8.5)
     gemma = data.default_model()
     extra = kv_bytes(gemma, 4096, "turboq3", "turboq3", n_seq=2, exact_sink=4) - kv_bytes(gemma, 4096, "turboq3", "turboq3", n_seq=2)

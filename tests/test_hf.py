@@ -355,9 +355,9 @@ def cross_check_ppl():
     baseline serves every type of a model."""
     from pyturbo.tools import llama_perplexity
 
-    # the same scheme on both sides: the transformers cache centers K but has no channel scale and
-    # no sink row (llama.cpp keeps one by default beside a turboq cache)
-    env = {"LLAMA_ARG_KV_K_SCALE": "off", "LLAMA_ARG_KV_EXACT_SINK": "0"}
+    # the same scheme on both sides: the transformers cache centers K but has no channel scale, no
+    # sink row and no exact window (llama.cpp keeps both by default beside a turboq cache)
+    env = {"LLAMA_ARG_KV_K_SCALE": "off", "LLAMA_ARG_KV_EXACT_SINK": "0", "LLAMA_ARG_KV_EXACT_WINDOW": "0"}
     chunks = 4
     text = data.corpus_slice(12000)
     done: dict[tuple[str, str], tuple[float, float]] = {}

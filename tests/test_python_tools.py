@@ -125,9 +125,11 @@ def test_bench_quality_writes_table_and_kld_per_bit_plot(tmp_path, gemma):
     mem = {k: float(c[1]) for k, c in cols.items()}
     kv = {k: float(c[-2]) for k, c in cols.items()}
     rounding = 16 * 0.01 / kv["f16"] + 0.01  # the log's MiB have two decimals, the column too
-    # and a turboq cache's default sink row (auto: one per sequence and layer, with the spare row)
+    # and a turboq cache's default sink row and window (auto's: one row, and a window of 1 and a
+    # margin of 1 at 256 cells, per sequence and layer, with the spare row)
+    from pyturbo.exact_window import AUTO
     from pyturbo.memory import window_bytes
-    sink = window_bytes(gemma, "turboq4", "turboq4", 0, 1, 0, None, 1) / 2 ** 20
+    sink = window_bytes(gemma, "turboq4", "turboq4", 0, 1, AUTO, None, 1, 256) / 2 ** 20
     assert mem["f16"] == 16 and mem["turboq4"] == pytest.approx(4.25 + 16 * sink / kv["f16"], abs=rounding)
     assert mem["q8_0"] == pytest.approx(8.5, abs=rounding)  # no sink row beside q8_0
     ring = window_bytes(gemma, "turboq3", "turboq3", 0, 1, 8, None, 1) / 2 ** 20
@@ -149,7 +151,9 @@ def test_bench_quality_counts_every_layer_adaptive_modes_bits(build_info):
                          sliding=gemma)
         assert 2 < got < 9, (mode, got)
     mode4 = config_bpw(18, "turboq3", "turboq3", {"LLAMA_ARG_LAYER_ADAPTIVE": "4"}, 8192, 256, 256, sliding=gemma)
-    sink = 16 / 8192  # auto's one sink row per sequence, in F16
+    # the default window (auto's 32 and a margin of 16 at 8192 cells) and auto's one sink row per
+    # sequence, in F16 beside every layer, weighed against its 8192 cells
+    sink = 16 * (32 + 16 + 1) / 8192
     assert mode4 == pytest.approx(((15 * 3.125 + 3 * 4.25) / 18 + 3.125) / 2 + sink)
     # a dense model of head size 64: mode 4 on every layer, mode 6's V turboq4 on the last 8 of 30
     assert config_bpw(30, "turboq3", "turboq3", {"LLAMA_ARG_LAYER_ADAPTIVE": "4"}, 8192, 64, 64) == \
@@ -305,7 +309,7 @@ def test_ratio_table_from_llama_bench_jsonl(tmp_path):
     assert "| turboq3/turboq4 mode 3 | 95.0 (0.95x) | 60.0 (1.20x) |" in out
     # bench/cuda_check.sh names a window's files -w<W>
     assert "| turboq3/turboq3 mode 4 window 32 | 90.0 (0.90x) | 40.0 (0.80x) |" in out
-    assert "| turboq3/turboq3 | 80.0 (0.80x) | 45.0 (0.90x) |" in out
+    assert "| turboq3/turboq3 window 0 | 80.0 (0.80x) | 45.0 (0.90x) |" in out
     one = subprocess.run([sys.executable, str(script), "--one", str(tmp_path / "bench-llama-8b-shape-f16-f16-m0.jsonl")],
                          capture_output=True, text=True, check=True).stdout
     assert one.strip() == "pp512 @ d8192: 100.0  tg64 @ d8192: 50.0"
@@ -362,7 +366,12 @@ def test_bench_needle_configs_reach_the_cache(tiny128):
         llm.close()
     llm = open_llama(tiny128, "turboq3", 512, 1)
     try:
-        assert window(llm._ctx.ctx) == 0
+        assert window(llm._ctx.ctx) == 4 and llm.kv_exact_window is None  # the default: auto's at 512 cells
+    finally:
+        llm.close()
+    llm = open_llama(tiny128, "turboq3:win0", 512, 1)
+    try:
+        assert window(llm._ctx.ctx) == 0 and llm.kv_exact_window == 0
     finally:
         llm.close()
 
@@ -403,7 +412,7 @@ def test_needle_log_probability_is_the_teacher_forced_one(tiny128, config):
     from pyturbo.llama import Llama
     _, k, v, env = parse_config(config)
     ref = Llama(str(tiny128), n_ctx=512, n_batch=512, n_threads=1, flash_attn=True, cache_type_k=k, cache_type_v=v,
-                kv_exact_window=int(env.get(exact_window.ENV, 0)) or None, logits_all=True, verbose=False)
+                kv_exact_window=exact_window.env_window(env), logits_all=True, verbose=False)
     try:
         for p, a in zip(probes, got):
             target = ref.tokenize(f" {p.number}".encode(), add_bos=False, special=False)
@@ -436,7 +445,8 @@ def test_bench_config_options_combine():
 def test_bench_counts_an_exact_tail_in_bits_per_value():
     """W f16 positions of ctx instead of the type's bits, for K and V (the K/V lab's count)."""
     from pyturbo.bench.cpu import config_bpw
-    none = {"LLAMA_ARG_KV_EXACT_SINK": "0"}  # no sink row (auto keeps one beside a turboq cache, none beside a tail)
+    # no sink row and no window (by default a turboq cache keeps both, and neither beside a tail)
+    none = {"LLAMA_ARG_KV_EXACT_SINK": "0", "LLAMA_ARG_KV_EXACT_WINDOW": "0"}
     assert config_bpw(18, "turboq3", "turboq3", none, 512) == 3.125
     assert config_bpw(30, "turboq3", "turboq3", none, 512, 64, 64) == 3.25  # head_dim 64: the _g64 twins
     assert config_bpw(32, "turboq3", "turboq4", none, 512, 96, 96) == 4.0  # head_dim 96: the _g32 twins, 3.5 and 4.5

@@ -132,7 +132,7 @@ def test_an_exact_window_on_rpc_matches_local_cpu(rpc_endpoints, tmp_path, copy,
     if copy:
         monkeypatch.setenv("TURBOQ_WINDOW_COPY", "1")
     remote = perplexity(path, text, "turboq3", "turboq2", extra=(*win, *rpc), **run)
-    plain = perplexity(path, text, "turboq3", "turboq2", extra=("-ub", "64", *rpc), **run)
+    plain = perplexity(path, text, "turboq3", "turboq2", extra=("--kv-exact-window", "0", "-ub", "64", *rpc), **run)
     assert {ep for _, ep, _ in kv_buffers(remote.log)} == set(rpc_endpoints), remote.log[-3000:]
     reads = "F16 rows after an F16 copy of the cache" if copy else "F16 rows beside the cache"
     assert reads in remote.log and "F16 rows beside the cache" in local.log, remote.log[-3000:]

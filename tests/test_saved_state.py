@@ -73,7 +73,7 @@ def test_python_state_with_an_exact_window_restores_bit_identically(Llama):
     assert again == tokens
     for x, y in zip(logits, logits2):
         np.testing.assert_array_equal(x, y)
-    plain = make(Llama, gemma, "turboq3", "turboq3", sink=0)  # no exact rows (auto would keep a sink row)
+    plain = make(Llama, gemma, "turboq3", "turboq3", window=0, sink=0)  # no exact rows (by default a sink row and a window)
     plain.eval(plain.tokenize(text.encode()))
     _, logits3 = continuation(plain, first)
     assert max(float(np.abs(x - y).max()) for x, y in zip(logits, logits3)) > 0.1
@@ -97,7 +97,7 @@ def test_python_state_with_an_exact_window_into_a_context_without_one_is_refused
     a = make(Llama, path, "turboq3", "turboq3", window=8, sink=0)
     a.eval(a.tokenize(PROMPT.encode()))
     state = a.save_state()
-    b = make(Llama, path, "turboq3", "turboq3", sink=0)  # no exact rows at all
+    b = make(Llama, path, "turboq3", "turboq3", window=0, sink=0)  # no exact rows at all (by default a window)
     b.eval(b.tokenize(b"Another text, another cache."))
     assert_state_refused(b, state, r"saved with an exact window of 8 positions \(turboq.exact_window=8\), "
                                    r"and this context has none")

@@ -253,7 +253,7 @@ def test_the_exact_window_on_vulkan_gives_the_cpu_cache_logits(vk_bin, tmp_path,
     monkeypatch.setenv("TURBOQ_WINDOW_COPY", "1")
     vk_copy = perplexity(model, text, "turboq3", "turboq2", kld_base=base, extra=win, **run)
     monkeypatch.delenv("TURBOQ_WINDOW_COPY")
-    plain = perplexity(model, text, "turboq3", "turboq2", kld_base=base, extra=("-ngl", "99", "-ub", "64"), **run)
+    plain = perplexity(model, text, "turboq3", "turboq2", kld_base=base, extra=("--kv-exact-window", "0", "-ngl", "99", "-ub", "64"), **run)
     assert "Vulkan0 KV buffer size" in vk.log and "Vulkan0 KV buffer size" not in cpu.log, vk.log[-3000:]
     assert "F16 rows beside the cache" in vk.log and "F16 rows beside the cache" in cpu.log, vk.log[-3000:]
     assert "F16 rows after an F16 copy of the cache" in vk_copy.log, vk_copy.log[-3000:]

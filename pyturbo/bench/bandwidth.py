@@ -52,7 +52,7 @@ def token_bytes(model: str | Path, k: str, v: str, env: dict[str, str], cells: i
     sink = exact_window.setting(env.get(exact_window.SINK_ENV))  # unset: llama.cpp's default, auto
     kv = kv_bytes(model, cells, k, v, int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0), upper_bound=True,
                   # auto sized by these cells, where libllama sizes it by the cells allocated: a few rows apart
-                  exact_window=exact_window.env_window(env),
+                  exact_window=exact_window.env_window(env),  # None: llama.cpp's default
                   exact_window_margin=int(margin) if margin is not None else None,
                   exact_sink=exact_window.SINK_AUTO if sink is None else sink)
     return Path(model).stat().st_size + kv

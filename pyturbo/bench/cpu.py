@@ -54,6 +54,7 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
     (--kv-k-center off), ':unscaled' and ':scaled' (--kv-k-scale off and on; without either, auto),
     ':onerow' (TURBOQ_FA_TILED=0),
     ':winW' (the exact window, --kv-exact-window W through its alias LLAMA_ARG_KV_EXACT_WINDOW;
+    ':win0' for none, as without it a turboq cache keeps auto's window;
     ':winWmM' with a margin of M, --kv-exact-window-margin M), ':sinkS' (sink rows, --kv-exact-sink S
     through LLAMA_ARG_KV_EXACT_SINK; ':sink0' for none, as without it a turboq cache keeps auto's
     one), ':tailW' (TURBOQ_EXACT_TAIL=W): (label, K, V, environment)."""
@@ -73,7 +74,7 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
         elif opt[:4] == "sink" and opt[4:].isdigit() and 0 <= int(opt[4:]) <= exact_window.max_positions():
             env[exact_window.SINK_ENV] = opt[4:]
         elif opt[:3] == "win" and (m := WINDOW.fullmatch(opt[3:])) and \
-                (m[1] == "auto" or 0 < int(m[1]) <= exact_window.max_positions()) and \
+                (m[1] == "auto" or 0 <= int(m[1]) <= exact_window.max_positions()) and \
                 (m[2] is None or int(m[2]) <= exact_window.max_positions()):
             env[exact_window.ENV] = m[1]
             if m[2] is not None:
@@ -93,6 +94,16 @@ def sink_rows(env: dict[str, str], k: str, v: str, mla: bool = False) -> int:
         # none on an MLA model or beside the debug tail, which auto leaves alone (patch 45)
         return 0 if mla or int(env.get(EXACT_ROWS["tail"]) or 0) > 0 else exact_window.sink_count(None, k, v)
     return exact_window.check_sink(s)
+
+
+def window_positions(env: dict[str, str], k: str, v: str, mla: bool = False) -> int:
+    """The exact window that a configuration's environment keeps: LLAMA_ARG_KV_EXACT_WINDOW, else
+    libllama's default (auto's beside a turboq cache; none on an MLA model or with a tail, as for
+    the sink rows)."""
+    w = exact_window.env_window(env)
+    if w is None:
+        return 0 if mla or int(env.get(EXACT_ROWS["tail"]) or 0) > 0 else exact_window.window_default(k, v)
+    return w
 
 
 def window_margin(env: dict[str, str]) -> int | None:
@@ -119,7 +130,7 @@ def config_bpw(model_layers: int, k: str, v: str, env: dict[str, str], ctx: int,
     layer, as libllama sizes a sliding-window cache's by its sibling's. An MLA model
     (mla) caches K alone, so its bits per value are K's."""
     tail = min(sum(int(env.get(var) or 0) for var in EXACT_ROWS.values()), ctx)
-    w = exact_window.env_window(env)
+    w = window_positions(env, k, v, mla)
     sink = sink_rows(env, k, v, mla)
     rows = exact_window.rows_per_sequence(w, window_margin(env), sink, pad_cells(ctx))
     rings = [16 * rows / c for c in (cells or [ctx] * model_layers)]
@@ -170,7 +181,7 @@ def quality(args: argparse.Namespace) -> None:
             label, k, v, env = parse_config(c)
             r = llama_perplexity(model, text, k, v, ctx=args.ctx, batch=batch, chunks=chunks, threads=args.threads,
                                  kld_base=base, write_base=(c == "f16"), env=env, timeout=6 * 3600, extra=ubatch)
-            w = exact_window.env_window(env)
+            w = window_positions(env, k, v, geo.mla)
             sink = sink_rows(env, k, v, geo.mla)
             mode = int(env.get("LLAMA_ARG_LAYER_ADAPTIVE") or 0)
             # one sequence of --ctx positions (an auto window's size), its sliding-window layers as llama-perplexity keeps them

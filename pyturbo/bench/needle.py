@@ -103,7 +103,7 @@ def open_llama(model, config: str, ctx: int, threads: int):
     from ..llama import Llama, scoped_env
     _, k, v, env = parse_config(config)
     la = int(env.pop("LLAMA_ARG_LAYER_ADAPTIVE", 0) or 0)
-    window = exact_window.env_window(env)  # -1: auto
+    window = exact_window.env_window(env)  # -1: auto; None: the model's (auto beside a turboq cache)
     env.pop(exact_window.ENV, None)
     margin = env.pop(exact_window.MARGIN_ENV, None)
     sink = exact_window.setting(env.pop(exact_window.SINK_ENV, None))  # None: the model's, else auto
@@ -112,7 +112,7 @@ def open_llama(model, config: str, ctx: int, threads: int):
     with scoped_env(env):
         return Llama(str(model), n_ctx=ctx, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
                      flash_attn=True, cache_type_k=k, cache_type_v=v, layer_adaptive=la or None,
-                     kv_exact_window=window or None, kv_exact_window_margin=None if margin is None else int(margin),
+                     kv_exact_window=window, kv_exact_window_margin=None if margin is None else int(margin),
                      kv_exact_sink=sink,
                      k_center=None if center is None else center == "on", k_scale=scale, verbose=False)
 

@@ -6,7 +6,7 @@ bare GPU machine runs it as a script:
     python3 pyturbo/bench/ratio_table.py --one FILE     # one line: test t/s ...
 
 A file name bench-<model>-<K>-<V>-m<MODE>[-w<W>].jsonl carries the layer mode and the exact window
-(llama-bench does not record the environment).
+(llama-bench does not record the environment; no -w: libllama's default window, -w0: none).
 """
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def table(out_dir: Path) -> str:
         if not m:
             continue
         model, k, v, mode, win = m.groups()
-        cfg = f"{k}/{v}" + (f" mode {mode}" if mode != "0" else "") + (f" window {win}" if win not in (None, "0") else "")
+        # no -w: libllama's default window (auto's beside a turboq cache); -w0: none
+        cfg = f"{k}/{v}" + (f" mode {mode}" if mode != "0" else "") + (f" window {win}" if win is not None else "")
         for r in _rows(path):
             models.setdefault(model, {}).setdefault(cfg, {})[_test(r)] = float(r["avg_ts"])
     out = []

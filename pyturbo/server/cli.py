@@ -38,16 +38,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--layer-adaptive", type=layer_adaptive.parse_mode, default=0, metavar="MODE",
                     help="layer-adaptive mode, its number or name (4 or k4-global): per-layer K/V types "
                          "(see docs/usage.md; default 0 = off)")
-    ap.add_argument("--kv-exact-window", type=exact_window.setting, default=0, metavar="W|auto",
+    ap.add_argument("--kv-exact-window", type=exact_window.setting, default=None, metavar="W|auto",
                     help="quantized caches: each sequence's last W positions read exact, from F16 rows kept beside "
                          "the cache; auto sizes the window and its margin by --n-ctx, up to 32 and 16, so that "
-                         "their rows cost at most 1/6 bit per value of its cells (see docs/usage.md; default 0 = off)")
+                         "their rows cost at most 1/6 bit per value of its cells; 0 keeps none (see docs/usage.md; default: "
+                         "the model's, else auto beside a turboq cache, none beside others)")
     ap.add_argument("--kv-exact-window-margin", type=int, default=None, metavar="M",
-                    help="with --kv-exact-window: positions kept exact beyond the window, so that it stays whole "
+                    help="with an exact window: positions kept exact beyond the window, so that it stays whole "
                          "after the last M are removed again (a reused prompt, speculative drafts); 0 saves "
                          "their memory, and a prompt reused short of its end is then processed again "
-                         "(default: the model's, else 16; beside --kv-exact-window auto, auto's own, or --draft-max with "
-                         "a draft model)")
+                         "(default: the model's, else 16; beside an auto window, the default one included, auto's own; "
+                         "with a draft model, the larger of --draft-max and 16)")
     ap.add_argument("--kv-exact-sink", type=exact_window.setting, default=None, metavar="S|auto",
                     help="quantized caches: each sequence's first S positions (the attention sink) read exact by "
                          "every query, from F16 rows kept beside the cache, with or without --kv-exact-window "
@@ -95,7 +96,8 @@ def _check(args: argparse.Namespace) -> None:
     args.cache_type_v = requested_cache_type(args.cache_type_v).name
     layer_adaptive.check_mode(args.layer_adaptive)
     try:
-        args.kv_exact_window = exact_window.check(args.kv_exact_window)
+        if args.kv_exact_window is not None:
+            args.kv_exact_window = exact_window.check(args.kv_exact_window)
     except ValueError as e:
         raise ValueError(f"--kv-exact-window: {e}") from None
     if args.kv_exact_window_margin is not None:
@@ -103,8 +105,8 @@ def _check(args: argparse.Namespace) -> None:
             exact_window.check_margin(args.kv_exact_window_margin)
         except ValueError as e:
             raise ValueError(f"--kv-exact-window-margin: {e}") from None
-        if not args.kv_exact_window:
-            raise ValueError("--kv-exact-window-margin needs --kv-exact-window")
+        if args.kv_exact_window == 0:
+            raise ValueError("--kv-exact-window-margin needs a window (--kv-exact-window 0 keeps none)")
     if args.kv_exact_sink is not None:
         try:
             args.kv_exact_sink = exact_window.check_sink(args.kv_exact_sink)
@@ -132,15 +134,15 @@ def _check(args: argparse.Namespace) -> None:
         if args.draft_max is not None and args.draft_max < 1:
             raise ValueError(f"--draft-max {args.draft_max}: must be at least 1")
         margin = args.kv_exact_window_margin
-        if args.kv_exact_window and margin is not None and (args.draft_max is None or args.draft_max > margin):
+        if args.kv_exact_window != 0 and margin is not None and (args.draft_max is None or args.draft_max > margin):
             # a rejected draft rolls the window back by up to --draft-max positions; past the margin the
             # next tokens would read some of the window's positions as stored, and the text would change
             raise ValueError(f"--kv-exact-window-margin {margin} with a draft model: give --draft-max at most {margin} "
                              f"(a rollback of rejected drafts must stay within the margin)")
-        if args.kv_exact_window == exact_window.AUTO and margin is None:
-            # auto's own margin may be shorter than such a rollback: the drafts' most, else the
-            # window's default margin, which covers llama-server's default
-            args.kv_exact_window_margin = args.draft_max or 16
+        if args.kv_exact_window != 0 and margin is None:
+            # auto's own margin (also the default window's) may be shorter than such a rollback:
+            # the drafts' most, and at least the fixed window's 16 (llama.cpp's common does the same)
+            args.kv_exact_window_margin = max(args.draft_max or 0, 16)
     if args.engine != "llama-server":
         for flag, value in (("--draft-model", args.draft_model), ("--embeddings", args.embeddings)):
             if value is not None:

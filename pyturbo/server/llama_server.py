@@ -59,7 +59,7 @@ class LaunchSpec:
     extra: list[str] = field(default_factory=list)
     draft: Draft | None = None
     embeddings: str | None = None  # the pooling, when /v1/embeddings is served
-    kv_exact_window: int = 0  # -1: auto
+    kv_exact_window: int | None = None  # -1: auto; None: the model's, else auto beside a turboq cache
     kv_exact_window_margin: int | None = None  # None: the model's
     kv_k_center: str | None = None  # "on" or "off"; None: the model's
     kv_exact_sink: int | None = None  # None: the model's, else auto (one row beside a turboq cache); -1: auto
@@ -72,8 +72,9 @@ class LaunchSpec:
                 "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
                 "--host", self.host, "--port", str(self.port)]
         # also when 0: the argument beats a LLAMA_ARG_LAYER_ADAPTIVE in the caller's environment
-        argv += ["--layer-adaptive", str(self.layer_adaptive), "--kv-exact-window",
-                 "auto" if self.kv_exact_window == exact_window.AUTO else str(self.kv_exact_window)]
+        argv += ["--layer-adaptive", str(self.layer_adaptive)]
+        if self.kv_exact_window is not None:  # also 0, which beats the GGUF's
+            argv += ["--kv-exact-window", "auto" if self.kv_exact_window == exact_window.AUTO else str(self.kv_exact_window)]
         if self.kv_exact_sink is not None:  # also 0, which beats the GGUF's
             argv += ["--kv-exact-sink", "auto" if self.kv_exact_sink == exact_window.SINK_AUTO else str(self.kv_exact_sink)]
         if self.kv_exact_window_margin is not None:

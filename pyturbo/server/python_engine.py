@@ -29,7 +29,7 @@ from .chat_template import Fallback
 
 class TurboModelSettings(ModelSettings):
     layer_adaptive: int = 0
-    kv_exact_window: int = 0  # -1: auto
+    kv_exact_window: int | None = None  # -1: auto; None: the model's, else auto beside a turboq cache
     kv_exact_window_margin: int | None = None
     kv_exact_sink: int | None = None  # None: the model's, else auto; -1: auto
     k_center: bool | None = None
@@ -46,9 +46,8 @@ def _load_model(settings: ModelSettings):
     the model's kv override, plus the chat template fallback."""
     # also 0, which beats a mode that the GGUF holds, as --layer-adaptive 0 does for llama-server
     (k, v), = layer_adaptive.kv_override(getattr(settings, "layer_adaptive", 0)).items()
-    window = exact_window.kv_override(getattr(settings, "kv_exact_window", 0),
+    window = exact_window.kv_override(getattr(settings, "kv_exact_window", None),
                                       getattr(settings, "kv_exact_window_margin", None))
-    wv = window[exact_window.key()]
     sink = getattr(settings, "kv_exact_sink", None)
     if sink is not None:
         window[exact_window.sink_key()] = exact_window.check_sink(sink)  # also 0, which beats the GGUF's
@@ -61,9 +60,10 @@ def _load_model(settings: ModelSettings):
                                                             *k_keys]})
     with pl.creating_context(verbose=settings.verbose):
         llm = _load_upstream(settings)
-    if wv or sink:  # a reused prompt prefix is processed again where the window no longer holds its end (or sinks)
-        upstream_eval = llm.eval
-        llm.eval = lambda tokens: upstream_eval(pl.window_tokens(llm, tokens))
+    # a reused prompt prefix is processed again where the window no longer holds its end (or the sink
+    # rows their positions); asked of libllama on every call, as both are on by default beside a turboq cache
+    upstream_eval = llm.eval
+    llm.eval = lambda tokens: upstream_eval(pl.window_tokens(llm, tokens))
     path = getattr(settings, "chat_template_file", None)
     if path:
         bos = llm._model.token_get_text(llm.token_bos()) if llm.token_bos() >= 0 else ""
@@ -120,13 +120,13 @@ def _prompt_texts(path: str, payload: dict) -> tuple[list[str], int]:
 def build_app(model: str, cache_type_k: str = "f16", cache_type_v: str = "f16", layer_adaptive: int = 0,
               n_ctx: int = 4096, n_threads: int | None = None, alias: str | None = None,
               host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-              chat_fallback: Fallback | None = None, verbose: bool = True, kv_exact_window: int | str = 0,
+              chat_fallback: Fallback | None = None, verbose: bool = True, kv_exact_window: int | str | None = None,
               kv_exact_window_margin: int | None = None, k_center: bool | None = None, kv_exact_sink: int | str | None = None,
               k_scale: str | None = None):
     tk, tv = requested_cache_type(cache_type_k), requested_cache_type(cache_type_v)
     ms = TurboModelSettings(model=model, model_alias=alias or Path(model).name, n_ctx=n_ctx, type_k=tk.ggml_id,
                             type_v=tv.ggml_id, flash_attn=True, layer_adaptive=layer_adaptive,
-                            kv_exact_window=exact_window.check(kv_exact_window),
+                            kv_exact_window=None if kv_exact_window is None else exact_window.check(kv_exact_window),
                             kv_exact_window_margin=None if kv_exact_window_margin is None
                             else exact_window.check_margin(kv_exact_window_margin), k_center=k_center,
                             k_scale=None if k_scale is None else k_centering.check_scale(k_scale),
