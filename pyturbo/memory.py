@@ -94,10 +94,12 @@ def kv_bytes(model: str | Path, n_ctx: int, cache_type_k: str = "f16", cache_typ
     default 0 counts the cache alone, as llama.cpp's "llama_kv_cache: size" line does.
     """
     sink = _ew.check_sink(exact_sink)  # _ew: kv_bytes' argument exact_window shadows the module's name
-    if sink == _ew.SINK_AUTO:
-        sink = 0 if kv_geometry(model).mla else _ew.sink_count(sink, cache_type_k, cache_type_v)
-    if exact_window is None:
-        exact_window = 0 if kv_geometry(model).mla else _ew.window_default(cache_type_k, cache_type_v)
+    if sink == _ew.SINK_AUTO or exact_window is None:
+        auto_keeps = not kv_geometry(model).mla  # llama.cpp's defaults keep no rows on an MLA model
+        if sink == _ew.SINK_AUTO:
+            sink = _ew.sink_count(sink, cache_type_k, cache_type_v) if auto_keeps else 0
+        if exact_window is None:
+            exact_window = _ew.window_default(cache_type_k, cache_type_v) if auto_keeps else 0
     if exact_window or sink:
         # an auto window is sized by the context's cells per sequence (a stream's cells x streams / sequences),
         # on the sliding-window layers too

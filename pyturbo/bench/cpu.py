@@ -85,24 +85,28 @@ def parse_config(c: str) -> tuple[str, str, str, dict[str, str]]:
     return c, k, v, env
 
 
+def _auto_keeps(env: dict[str, str], mla: bool) -> bool:
+    """Whether libllama's defaults (the sink rows' auto, the unset window) keep rows for a
+    configuration: none on an MLA model, which keeps no exact rows, or beside the debug tail,
+    which they leave alone (patches 45 and 54)."""
+    return not mla and int(env.get(EXACT_ROWS["tail"]) or 0) <= 0
+
+
 def sink_rows(env: dict[str, str], k: str, v: str, mla: bool = False) -> int:
     """The sink rows per sequence that a configuration's environment keeps: LLAMA_ARG_KV_EXACT_SINK,
-    else auto's (one beside a turboq cache; none on an MLA model, which keeps no exact rows, or
-    with a tail)."""
+    else auto's (one beside a turboq cache, where _auto_keeps)."""
     s = exact_window.setting(env.get(exact_window.SINK_ENV))
     if s is None or s == exact_window.SINK_AUTO:
-        # none on an MLA model or beside the debug tail, which auto leaves alone (patch 45)
-        return 0 if mla or int(env.get(EXACT_ROWS["tail"]) or 0) > 0 else exact_window.sink_count(None, k, v)
+        return exact_window.sink_count(None, k, v) if _auto_keeps(env, mla) else 0
     return exact_window.check_sink(s)
 
 
 def window_positions(env: dict[str, str], k: str, v: str, mla: bool = False) -> int:
     """The exact window that a configuration's environment keeps: LLAMA_ARG_KV_EXACT_WINDOW, else
-    libllama's default (auto's beside a turboq cache; none on an MLA model or with a tail, as for
-    the sink rows)."""
+    libllama's default (auto's beside a turboq cache, where _auto_keeps)."""
     w = exact_window.env_window(env)
     if w is None:
-        return 0 if mla or int(env.get(EXACT_ROWS["tail"]) or 0) > 0 else exact_window.window_default(k, v)
+        return exact_window.window_default(k, v) if _auto_keeps(env, mla) else 0
     return w
 
 
