@@ -124,10 +124,11 @@ def corpus_slice(n_chars: int, name: str | None = None) -> Path:
 
 def tiny_model(head_dim: int = 128, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
                n_embd: int | None = None, n_vocab: int = 256, seed: int = 0, layer_adaptive: int | None = None,
-               k_center: bool | None = None) -> Path:
+               k_center: bool | None = None, k_type: str | None = None) -> Path:
     """A random llama-architecture GGUF (f32 weights, byte-level vocabulary); layer_adaptive: a
     mode stored in the GGUF (its key turboq.layer_adaptive, as a uint32); k_center: K centering
-    stored in the GGUF (turboq.k_center, a bool)."""
+    stored in the GGUF (turboq.k_center, a bool); k_type: "q4_0" stores the K projections so, a
+    type the CPU backend repacks (as most Llama files' Q4_K)."""
     import numpy as np
     import gguf
 
@@ -135,7 +136,8 @@ def tiny_model(head_dim: int = 128, n_layer: int = 2, n_head: int = 4, n_head_kv
     n_ff = 2 * n_embd
     spec = ((head_dim, n_layer, n_head, n_head_kv, n_embd, n_vocab, seed, 2)
             + ((layer_adaptive,) if layer_adaptive is not None else ())
-            + (("k_center", k_center) if k_center is not None else ()))
+            + (("k_center", k_center) if k_center is not None else ())
+            + (("k_type", k_type) if k_type is not None else ()))
     target = _cached_gguf(f"tiny-llama-hd{head_dim}", spec)
     if target.exists():
         return target
@@ -170,7 +172,15 @@ def tiny_model(head_dim: int = 128, n_layer: int = 2, n_head: int = 4, n_head_kv
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
         t(f"blk.{i}.attn_q.weight", n_head * head_dim, n_embd, scale=1.0 / np.sqrt(n_embd))
-        t(f"blk.{i}.attn_k.weight", n_head_kv * head_dim, n_embd, scale=1.0 / np.sqrt(n_embd))
+        if k_type is None:
+            t(f"blk.{i}.attn_k.weight", n_head_kv * head_dim, n_embd, scale=1.0 / np.sqrt(n_embd))
+        else:
+            if k_type != "q4_0":
+                raise ValueError(f"k_type {k_type!r}: only q4_0")
+            from gguf import quants
+            qt = gguf.GGMLQuantizationType.Q4_0
+            k = (rng.standard_normal((n_head_kv * head_dim, n_embd)) / np.sqrt(n_embd)).astype(np.float32)
+            w.add_tensor(f"blk.{i}.attn_k.weight", quants.quantize(k, qt), raw_dtype=qt)
         t(f"blk.{i}.attn_v.weight", n_head_kv * head_dim, n_embd, scale=1.0 / np.sqrt(n_embd))
         t(f"blk.{i}.attn_output.weight", n_embd, n_head * head_dim, scale=1.0 / np.sqrt(n_embd))
         t(f"blk.{i}.ffn_gate.weight", n_ff, n_embd, scale=1.0 / np.sqrt(n_embd))

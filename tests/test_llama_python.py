@@ -66,6 +66,19 @@ def test_invalid_layer_adaptive_mode(Llama, tiny128):
         make(Llama, tiny128, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive=8)
 
 
+def test_layer_adaptive_on_repacked_k_weights(Llama):
+    """K projections that the CPU backend repacks (Q4_0 here, Q4_K in most Llama files) cannot be
+    read back: k4-global, which picks every layer whatever their K gain, reads none and runs (it
+    crashed on a null get_tensor before); k8-gain, which ranks the layers, says why it cannot."""
+    from pyturbo.llama import ContextError
+    path = str(data.tiny_model(head_dim=128, n_layer=4, k_type="q4_0"))
+    llm = make(Llama, path, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive="k4-global")
+    llm.eval([1, 2, 3])
+    assert np.isfinite(last_logits(llm)).all()
+    with pytest.raises(ContextError, match=r"layer-adaptive mode 3 ranks(.|\n)*repacked(.|\n)*--no-repack"):
+        make(Llama, path, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive="k8-gain")
+
+
 def test_k_scale_is_the_models_setting(Llama, tiny128):
     """k_scale= reaches libllama as the string kv override turboq.k_scale: on and off give other
     logits, auto gives one of the two; a value that is not auto, on or off is refused first."""
