@@ -125,13 +125,15 @@ def corpus_slice(n_chars: int, name: str | None = None) -> Path:
 def tiny_model(head_dim: int = 128, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
                n_embd: int | None = None, n_vocab: int = 256, seed: int = 0, layer_adaptive: int | None = None,
                k_center: bool | None = None, k_type: str | None = None) -> Path:
-    """A random llama-architecture GGUF (f32 weights, byte-level vocabulary); layer_adaptive: a
+    """A random llama-architecture GGUF (f32 weights but where k_type says, byte-level vocabulary); layer_adaptive: a
     mode stored in the GGUF (its key turboq.layer_adaptive, as a uint32); k_center: K centering
     stored in the GGUF (turboq.k_center, a bool); k_type: "q4_0" stores the K projections so, a
     type the CPU backend repacks (as most Llama files' Q4_K)."""
     import numpy as np
     import gguf
 
+    if k_type not in (None, "q4_0"):
+        raise ValueError(f"k_type {k_type!r}: only q4_0")
     n_embd = n_embd or head_dim * n_head
     n_ff = 2 * n_embd
     spec = ((head_dim, n_layer, n_head, n_head_kv, n_embd, n_vocab, seed, 2)
@@ -175,8 +177,6 @@ def tiny_model(head_dim: int = 128, n_layer: int = 2, n_head: int = 4, n_head_kv
         if k_type is None:
             t(f"blk.{i}.attn_k.weight", n_head_kv * head_dim, n_embd, scale=1.0 / np.sqrt(n_embd))
         else:
-            if k_type != "q4_0":
-                raise ValueError(f"k_type {k_type!r}: only q4_0")
             from gguf import quants
             qt = gguf.GGMLQuantizationType.Q4_0
             k = (rng.standard_normal((n_head_kv * head_dim, n_embd)) / np.sqrt(n_embd)).astype(np.float32)

@@ -75,8 +75,11 @@ def test_layer_adaptive_on_repacked_k_weights(Llama):
     llm = make(Llama, path, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive="k4-global")
     llm.eval([1, 2, 3])
     assert np.isfinite(last_logits(llm)).all()
-    with pytest.raises(ContextError, match=r"layer-adaptive mode 3 ranks(.|\n)*repacked(.|\n)*--no-repack"):
-        make(Llama, path, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive="k8-gain")
+    import llama_cpp
+    info = llama_cpp.llama_print_system_info().decode()
+    if "REPACK = 1" in info and ("AVX2 = 1" in info or "DOTPROD = 1" in info):  # where ggml-cpu repacks Q4_0
+        with pytest.raises(ContextError, match=r"layer-adaptive mode 3 ranks(.|\n)*repacked(.|\n)*--no-repack"):
+            make(Llama, path, cache_type_k="turboq3", cache_type_v="turboq3", layer_adaptive="k8-gain")
 
 
 def test_k_scale_is_the_models_setting(Llama, tiny128):
